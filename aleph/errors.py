@@ -1,0 +1,40 @@
+"""Exception types for conditions a user can cause.
+
+Every user-facing failure raises an `AlephError` subclass whose message names the file,
+field or value at fault and what was expected. The CLI prints the message (no
+traceback) and exits with the class's `exit_code`, so scripts can tell the cases apart.
+"""
+
+
+class AlephError(Exception):
+    """Base of all expected, user-facing errors."""
+
+    exit_code = 2
+
+
+class ConfigError(AlephError):
+    """A configuration field or override is invalid (message names the field)."""
+
+
+class DataError(AlephError):
+    """Captions, tokenizer or other training data is missing or malformed."""
+
+
+class StoreError(AlephError):
+    """A target or token store is missing, malformed, or does not match its manifest."""
+
+
+class EnvironmentDrift(AlephError):
+    """The live environment differs from the pinned one (strict check)."""
+
+    exit_code = 3
+
+
+class RunLocked(AlephError):
+    """Another launch holds this run directory's lock (duplicate orchestrator)."""
+
+    exit_code = 75  # EX_TEMPFAIL: distinct so orchestrators can tell it apart
+
+
+class QuotaError(AlephError):
+    """A plan does not fit the memory or disk quota."""

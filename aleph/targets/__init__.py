@@ -1,0 +1,1 @@
+"""aleph.targets"""

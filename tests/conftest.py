@@ -1,0 +1,34 @@
+"""Shared pytest setup: small thread counts, a private work root, GPU skipping."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Tests train tiny models; more threads than cores only adds contention.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A fresh ALEPH_WORK root for one test."""
+    root = tmp_path / "work"
+    root.mkdir()
+    monkeypatch.setenv("ALEPH_WORK", str(root))
+    return root
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # torch missing or broken: GPU tests cannot run either
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
