@@ -1,0 +1,55 @@
+"""`aleph eval RUN_DIR`: capability, dispatch-off/toggle, mimicry probes -> eval.json + tb/."""
+
+from __future__ import annotations
+
+import argparse
+
+from aleph.eval.evaluate import DEFAULT_PROBE_BATCH
+from aleph.eval.probe_data import DEFAULT_ROWS
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "eval", help="evaluate a run's final weights (STS capability and probes)",
+        description="Scores RUN_DIR/weights/final on STS tasks (Spearman of cosine vs gold) "
+        "and the mimicry probes; writes RUN_DIR/eval.json and eval/ scalars to RUN_DIR/tb.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--tasks", default="e1",
+                   help="e1 (the 8 STS tasks), smoke (offline, from the smoke grammar), or a "
+                   "comma list of names (default: e1)")
+    p.add_argument("--tasks-dir", default=None,
+                   help="directory of local task files <name>.tsv / <name>.jsonl, used before "
+                   "the hub copies (columns sentence1, sentence2, score)")
+    p.add_argument("--weights", default=None, help="weights directory (default RUN_DIR/weights/final)")
+    p.add_argument("--probe-captions", default=None, help="held-out caption file for the probes")
+    p.add_argument("--probe-targets", default=None,
+                   help="their targets: a target store directory or a .pt (N, 768) file")
+    p.add_argument("--probe-rows", type=int, default=DEFAULT_ROWS, help=f"probe rows (default {DEFAULT_ROWS})")
+    p.add_argument("--probe-batch", type=int, default=DEFAULT_PROBE_BATCH,
+                   help=f"R@1 batch: candidates per query (default {DEFAULT_PROBE_BATCH})")
+    p.add_argument("--no-probes", action="store_true", help="skip R@1, cos->target and erank")
+    p.add_argument("--batch-size", type=int, default=128, help="encoding batch (no effect on results)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.set_defaults(func=_eval)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from aleph.eval.runner import run_eval
+    from aleph.eval.tasks import parse_task_names
+    from aleph.report.render import markdown
+    from aleph.report.table import build
+
+    result = run_eval(
+        args.run_dir, parse_task_names(args.tasks), tasks_dir=args.tasks_dir,
+        weights_dir=args.weights, probe_captions=args.probe_captions,
+        probe_targets=args.probe_targets, probe_rows=args.probe_rows,
+        probe_batch=args.probe_batch, batch_size=args.batch_size, device=args.device,
+        probes=not args.no_probes,
+    )
+    print(markdown(build([args.run_dir])), end="")
+    if result["probes"] is None and not args.no_probes:
+        print("- probes skipped: not a smoke run and no --probe-captions/--probe-targets given")
+    print(f"- wrote {args.run_dir}/eval.json (weights sha256 {result['weights']['sha256'][:12]}, "
+          f"evaluation data {result['eval_data_fingerprint'][:12]})")
+    return 0

@@ -1,0 +1,34 @@
+"""`aleph report RUN_DIR...`: the E1 table for any set of evaluated runs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="E1 results table (Markdown + CSV/JSON) from runs' eval.json",
+        description="Summary table (run, mean, dispatch OFF, toggle, R@1, cos->target, "
+        "erank/768) and per-task Spearman; runs of one arm get mean and spread across seeds.",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--published", action="store_true",
+                   help="add the published E1 figures as labelled reference rows")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for report.md, runs.csv, tasks.csv, report.json "
+                   "(default: <work root>/reports)")
+    p.set_defaults(func=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from aleph._io import work_root
+    from aleph.report.render import markdown, write_all
+    from aleph.report.table import build
+
+    report = build([Path(d) for d in args.run_dirs], with_published=args.published)
+    print(markdown(report), end="")
+    out = args.out if args.out is not None else work_root() / "reports"
+    for path in write_all(report, out):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,104 @@
+"""`aleph targets build|verify|plan|info`: the target store from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+
+from aleph._io import work_root
+from aleph.env.cgroup import format_bytes
+from aleph.errors import StoreError
+from aleph.targets import build_store, open_store, plan, store_dir_for, verify_store
+from aleph.targets.lock import DEFAULT_LOCK_TIMEOUT_S
+from aleph.targets.plan import DEFAULT_HEADROOM_BYTES
+from aleph.targets.sources import SUFFIXES
+
+
+def _natural_key(name: str) -> list:
+    # chunk_2 before chunk_10: extraction chunk numbers are rarely zero-padded
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def expand_sources(items: list[str]) -> list[str]:
+    """Files as given; a directory contributes its chunk files in natural name order."""
+    out: list[str] = []
+    for item in items:
+        if os.path.isdir(item):
+            names = sorted((n for n in os.listdir(item) if n.endswith(SUFFIXES)), key=_natural_key)
+            if not names:
+                raise StoreError(f"{item}: directory holds no chunk files ({', '.join(SUFFIXES)})")
+            out.extend(os.path.join(item, n) for n in names)
+        else:
+            out.append(item)
+    if not out:
+        raise StoreError("no chunk files given (empty source list)")
+    return out
+
+
+def _build(args) -> int:
+    sources = expand_sources(args.sources)
+    out = Path(args.out) if args.out else store_dir_for(sources, work_root())
+    if args.implementation == "in_ram" and not args.no_plan:
+        plan(sources, args.quota, args.headroom).require("in_ram")
+    store = build_store(sources, out, args.implementation,
+                        nonfinite="fail" if args.fail_on_nonfinite else "warn",
+                        lock_timeout_s=args.lock_timeout)
+    print(f"{store.store_dir}: {store.rows:,} x {store.dim} {store.manifest['dtype']}, "
+          f"{format_bytes(store.byte_length)}, built by {store.manifest['built_by']}, "
+          f"manifest sha256 {store.manifest_sha256}")
+    return 0
+
+
+def _verify(args) -> int:
+    report = verify_store(args.store, full=args.full)
+    kind = "full (re-hashed every chunk range)" if args.full else "quick (manifest and size)"
+    print(f"{args.store}: OK, {kind}: {report['rows']:,} x {report['dim']} {report['dtype']}, "
+          f"{report['chunks']} chunks, {report['byte_length']:,} B")
+    return 0
+
+
+def _plan(args) -> int:
+    p = plan(expand_sources(args.sources), args.quota, args.headroom,
+             cgroup_root=args.cgroup_root)
+    print(p.describe())
+    return 0 if p.choice else 1
+
+
+def _info(args) -> int:
+    store = open_store(args.store)
+    m = dict(store.manifest)
+    m["chunks"] = f"{len(m['chunks'])} chunks (see manifest.json)"
+    print(json.dumps({**m, "manifest_sha256": store.manifest_sha256}, indent=2, sort_keys=True))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("targets", help="build, verify, plan or describe a target store")
+    sub = p.add_subparsers(dest="targets_command", metavar="ACTION", required=True)
+    b = sub.add_parser("build", help="build (or reuse) the store of an ordered list of chunks")
+    b.add_argument("sources", nargs="+", help="chunk files (.pt/.npy/.safetensors) or directories")
+    b.add_argument("--out", help="store directory (default: <work>/cache/targets/<fingerprint>)")
+    b.add_argument("--implementation", choices=("streaming", "in_ram"), default="streaming")
+    b.add_argument("--fail-on-nonfinite", action="store_true", help="refuse NaN/Inf rows")
+    b.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT_S,
+                   help="seconds to wait for another builder of the same store")
+    b.add_argument("--quota", type=int, help="memory quota in bytes for the in_ram check")
+    b.add_argument("--headroom", type=int, default=DEFAULT_HEADROOM_BYTES)
+    b.add_argument("--no-plan", action="store_true", help="skip the quota check for in_ram")
+    b.set_defaults(func=_build)
+    v = sub.add_parser("verify", help="check a store: quick (manifest, size) or --full (re-hash)")
+    v.add_argument("store")
+    v.add_argument("--full", action="store_true")
+    v.set_defaults(func=_verify)
+    pl = sub.add_parser("plan", help="predicted peak memory of each implementation vs the quota")
+    pl.add_argument("sources", nargs="+")
+    pl.add_argument("--quota", type=int, help="bytes (default: the cgroup memory limit)")
+    pl.add_argument("--headroom", type=int, default=DEFAULT_HEADROOM_BYTES)
+    pl.add_argument("--cgroup-root", default="/sys/fs/cgroup", help=argparse.SUPPRESS)  # tests
+    pl.set_defaults(func=_plan)
+    i = sub.add_parser("info", help="print a store's manifest summary")
+    i.add_argument("store")
+    i.set_defaults(func=_info)

@@ -1,0 +1,143 @@
+"""The embedded smoke data set: captions, targets and a tokenizer, generated offline.
+
+`ensure_smoke_data(root)` writes, deterministically (same bytes for the same arguments):
+  captions.txt            one caption per line, UTF-8
+  targets/chunk-NNN.pt    fp16 (N_i, 768) unit rows, plain tensors (torch.load(weights_only=True))
+  tokenizer/              a WordPiece tokenizer loadable with transformers' AutoTokenizer
+  smoke.json              manifest, written last: arguments, rows, chunk rows, file sha256s
+A second call with the same arguments finds the manifest and files intact and reuses them.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aleph._io import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    sha256_file,
+)
+from aleph.data.grammar import SLOTS, Meaning, render, sample_meaning
+from aleph.data.teacher import Teacher, overlap_cosine
+from aleph.data.tokenizer import train_wordpiece
+from aleph.errors import DataError
+
+FORMAT = "aleph-smoke-data"
+VERSION = 1
+CHUNK_ROWS = 1024  # several chunks, like the real extraction's 66 CC12M chunk files
+P_PARAPHRASE = 0.5  # share of rows that restate an earlier row's meaning in other words
+
+
+@dataclass(frozen=True)
+class SmokeData:
+    captions: Path
+    target_chunks: list[Path]
+    tokenizer_dir: Path
+    rows: int
+
+
+def generate(rows: int, seed: int) -> tuple[list[str], np.ndarray]:
+    """Captions and their fp16 unit targets (rows, 768); pure function of (rows, seed)."""
+    rng, teacher = random.Random(seed), Teacher()
+    meanings: list[Meaning] = []
+    captions, targets = [], np.empty((rows, teacher.dim), dtype=np.float16)
+    for i in range(rows):
+        if meanings and rng.random() < P_PARAPHRASE:
+            meaning = meanings[rng.randrange(len(meanings))]
+        else:
+            meaning = sample_meaning(rng)
+            meanings.append(meaning)
+        caption, template = render(meaning, rng)
+        captions.append(caption)
+        targets[i] = teacher.target(meaning, template)  # (768,) rounded to fp16
+    return captions, targets
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    return buf.getvalue()
+
+
+def _manifest_ok(root: Path, rows: int, seed: int) -> bool:
+    path = root / "smoke.json"
+    if not path.is_file():
+        return False
+    try:
+        man = read_json(path)
+    except ValueError:
+        return False
+    if (man.get("format"), man.get("version"), man.get("rows"), man.get("seed")) != (
+            FORMAT, VERSION, rows, seed):
+        return False
+    files = man.get("files", {})
+    return bool(files) and all(
+        (root / rel).is_file() and sha256_file(root / rel) == digest
+        for rel, digest in files.items())
+
+
+def _files(root: Path) -> tuple[Path, list[Path], Path]:
+    man = read_json(root / "smoke.json")
+    chunks = [root / f"targets/chunk-{i:03d}.pt" for i in range(len(man["chunk_rows"]))]
+    return root / "captions.txt", chunks, root / "tokenizer"
+
+
+def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> SmokeData:
+    """Write the smoke data set into `root` unless an intact copy for (rows, seed) is there."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 2:
+        raise DataError(f"smoke rows: expected an integer >= 2, got {rows!r}")
+    root = Path(root)
+    if not _manifest_ok(root, rows, seed):
+        _write(root, rows, seed)
+    captions, chunks, tok = _files(root)
+    return SmokeData(captions=captions, target_chunks=chunks, tokenizer_dir=tok, rows=rows)
+
+
+def _write(root: Path, rows: int, seed: int) -> None:
+    captions, targets = generate(rows, seed)
+    (root / "smoke.json").unlink(missing_ok=True)  # invalidate first: manifest is the marker
+    for old in (root / "targets").glob("chunk-*.pt") if (root / "targets").is_dir() else ():
+        old.unlink()
+    atomic_write_text(root / "captions.txt", "\n".join(captions) + "\n")
+    chunk_rows = []
+    for i, start in enumerate(range(0, rows, CHUNK_ROWS)):
+        block = torch.from_numpy(targets[start:start + CHUNK_ROWS].copy())  # (N_i, 768) fp16
+        atomic_write_bytes(root / f"targets/chunk-{i:03d}.pt", _tensor_bytes(block))
+        chunk_rows.append(int(block.shape[0]))
+    train_wordpiece(captions, root / "tokenizer")
+    rels = ["captions.txt"] + [f"targets/chunk-{i:03d}.pt" for i in range(len(chunk_rows))]
+    rels += sorted(f"tokenizer/{p.name}" for p in (root / "tokenizer").iterdir())
+    atomic_write_json(root / "smoke.json", {
+        "format": FORMAT, "version": VERSION, "rows": rows, "seed": seed, "dim": targets.shape[1],
+        "dtype": "float16", "chunk_rows": chunk_rows,
+        "files": {rel: sha256_file(root / rel) for rel in rels}})
+
+
+def sts_pairs(n: int, seed: int) -> list[tuple[str, str, float]]:
+    """n STS-style (text_a, text_b, gold 0-5) pairs from the smoke grammar.
+
+    b restates a with 0-4 of its slots changed (uniformly many), both rendered with
+    independent synonyms and templates; gold = 5 * the meanings' feature-overlap cosine
+    (`teacher.overlap_cosine`), rounded to 3 decimals.
+    """
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a = sample_meaning(rng)
+        parts = a.concepts()
+        for slot in rng.sample(sorted(SLOTS), rng.randint(0, len(SLOTS))):
+            parts[slot] = rng.choice(sorted(set(SLOTS[slot]) - {parts[slot]}))
+        if parts.get("companion") == parts["object"]:  # keep companions distinct from subjects
+            parts.pop("companion")
+        b = Meaning(**parts)
+        gold = round(5.0 * overlap_cosine(a, b), 3)
+        out.append((render(a, rng)[0], render(b, rng)[0], gold))
+    return out

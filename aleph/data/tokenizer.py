@@ -1,0 +1,120 @@
+"""Tokenizers: loading (bert-base-uncased or a local directory) and training the smoke WordPiece.
+
+Both go through the same transformers code path, `AutoTokenizer.from_pretrained`, which
+for bert-base-uncased and for the smoke directory resolves to transformers'
+`BertTokenizer` (in transformers 5 a `tokenizers`-backed fast tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from aleph._io import fsync_dir, sha256_json, work_root
+from aleph.errors import DataError
+
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] = 0, as ModelConfig.pad_id
+
+
+def _looks_like_path(name: str) -> bool:
+    """Hub ids are `name` or `org/name`; anything else (./x, /abs, a/b/c, ~) is a path."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None):
+    """A transformers fast tokenizer from a local directory or a hub name (e.g. bert-base-uncased).
+
+    Hub downloads are cached under `cache_dir` (default <work root>/cache/hf). A missing
+    directory, an unknown name, or a name that cannot be fetched offline is a DataError.
+    """
+    from transformers import AutoTokenizer  # heavy import, only when a tokenizer is needed
+
+    name = str(name_or_dir)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        source, kwargs = str(path), {}
+    elif _looks_like_path(name) or isinstance(name_or_dir, Path):
+        raise DataError(f"tokenizer directory {name!r} does not exist")
+    else:
+        cache = Path(cache_dir) if cache_dir is not None else work_root() / "cache" / "hf"
+        source, kwargs = name, {"cache_dir": str(cache)}
+    try:
+        tok = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as e:
+        hint = ("" if path.is_dir() else
+                " (a hub name: needs network access or a copy already in the cache; "
+                "HF_HUB_OFFLINE=1 forbids downloads)")
+        raise DataError(f"cannot load tokenizer {name!r}{hint}: {e}") from e
+    if not getattr(tok, "is_fast", False):
+        raise DataError(f"tokenizer {name!r} is not a fast (tokenizers-backed) tokenizer")
+    return tok
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the tokenizer's serialised definition (vocab, normaliser, post-processor, ...).
+
+    The backend's `truncation` and `padding` entries are dropped: transformers sets them
+    on every call, so they describe the last call, not the tokenizer.
+    """
+    definition = json.loads(tokenizer.backend_tokenizer.to_str())
+    definition.pop("truncation", None)
+    definition.pop("padding", None)
+    return sha256_json(definition)
+
+
+def wordpiece_vocab(captions: Iterable[str], vocab_size: int = 1024) -> dict[str, int]:
+    """A deterministic WordPiece vocabulary learned from `captions`.
+
+    Words are counted after the BERT normaliser (lowercase, accents stripped) and
+    pre-tokeniser, exactly as the tokenizer will split them. The vocabulary is the
+    specials, every character seen (alone and as a `##` continuation, so nothing maps to
+    [UNK]), then whole words by descending count (ties alphabetical) up to `vocab_size`.
+    Not `tokenizers.trainers.WordPieceTrainer`: its merge order breaks ties
+    nondeterministically (four runs on the same smoke captions gave four different
+    vocabularies), and the smoke data must be byte-identical every time.
+    """
+    from tokenizers import normalizers, pre_tokenizers
+
+    norm = normalizers.BertNormalizer(lowercase=True)
+    pre = pre_tokenizers.BertPreTokenizer()
+    counts: Counter[str] = Counter()
+    for caption in captions:
+        counts.update(w for w, _ in pre.pre_tokenize_str(norm.normalize_str(caption)))
+    chars = sorted({c for w in counts for c in w})
+    vocab = list(SPECIALS) + chars + [f"##{c}" for c in chars]
+    if len(vocab) > vocab_size:
+        raise DataError(f"vocab_size {vocab_size} is below the {len(vocab)} specials and characters")
+    words = sorted((w for w in counts if len(w) > 1), key=lambda w: (-counts[w], w))
+    vocab += words[: vocab_size - len(vocab)]
+    return {tok: i for i, tok in enumerate(vocab)}
+
+
+def train_wordpiece(captions: Iterable[str], out_dir: str | Path, vocab_size: int = 1024) -> Path:
+    """Learn a BERT-style uncased WordPiece vocabulary on `captions`; save a transformers directory.
+
+    Specials [PAD]=0 [UNK] [CLS] [SEP] [MASK]. The vocabulary goes to transformers'
+    BertTokenizer (BERT normaliser and pre-tokeniser, WordPiece, [CLS] x [SEP]), whose
+    save_pretrained writes the files bert-base-uncased ships. Written into a temporary
+    sibling directory and renamed, so `out_dir` is complete or absent.
+    """
+    from transformers import BertTokenizer
+
+    bert = BertTokenizer(vocab=wordpiece_vocab(captions, vocab_size), do_lower_case=True,
+                         model_max_length=512)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    bert.save_pretrained(str(tmp))
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    fsync_dir(out_dir.parent)
+    return out_dir

@@ -1,0 +1,175 @@
+"""`aleph env check`: is this the E1 environment, a known host variant, or drifted?
+
+Expected sets, all read from the source tree the code runs from:
+- image: `pip_freeze.txt` plus the seed's software table (`aleph.env.seed`): Python
+  3.11.10 built with GCC 11.4.0, torch 2.4.1+cu124, CUDA 12.4, cuDNN 90100, triton 3.0.0;
+- host: `lockfiles/host.txt` + `lockfiles/dev.txt` on any CPython 3.11 (the dev/test
+  venv: PyPI torch 2.4.1, CUDA 12.1 build).
+Non-strict, a known variant passes and is named; strict compares against the image
+only, so the image build and `docker compose run tests` fail on any difference.
+`compare()` takes every live fact as a parameter so tests doctor an environment
+without touching the real one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aleph.env import facts as live
+from aleph.env.pins import (
+    comparable,
+    diff_packages,
+    freeze_sha256,
+    installed_packages,
+    parse_pins,
+)
+from aleph.env.seed import SEED_FACTS, SEED_PACKAGES
+from aleph.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HOST_PYTHON = "3.11"  # the host variant accepts any 3.11.x interpreter
+
+
+@dataclass(frozen=True)
+class Drift:
+    what: str  # "package" or "fact"
+    name: str
+    expected: str | None  # None: not expected (an extra package)
+    found: str | None  # None: absent
+
+
+@dataclass(frozen=True)
+class Pins:
+    image: dict[str, str]  # pip_freeze.txt
+    host: dict[str, str] | None  # host.txt | dev.txt; None when the host lock is absent
+
+
+@dataclass
+class CheckResult:
+    variant: str  # "image" | "host" | "drifted"
+    strict: bool
+    drifts: list[Drift] = field(default_factory=list)
+    image_drift_count: int = 0  # differences from the image, shown only under --strict
+
+    @property
+    def ok(self) -> bool:
+        return not self.drifts
+
+
+def load_pins(root: str | Path = REPO_ROOT) -> Pins:
+    """Read the freeze (required) and the host + dev locks (optional, both or neither)."""
+    root = Path(root)
+    image = parse_pins(root / "pip_freeze.txt")
+    host_path, dev_path = root / "lockfiles" / "host.txt", root / "lockfiles" / "dev.txt"
+    if not host_path.exists():
+        return Pins(image, None)
+    host = parse_pins(host_path)
+    for name, version in parse_pins(dev_path).items():
+        if host.get(name, version) != version:
+            raise ConfigError(f"{dev_path}: {name}=={version} contradicts {host_path}")
+        host[name] = version
+    return Pins(image, host)
+
+
+def _fact_drifts(facts: dict, expected: dict[str, str]) -> list[Drift]:
+    out = []
+    for key, exp in expected.items():
+        got = facts.get(key)
+        got = None if got is None else str(got)
+        if got != exp:
+            out.append(Drift("fact", key, exp, got))
+    return out
+
+
+def _package_drifts(installed: dict[str, str], expected: dict[str, str]) -> list[Drift]:
+    return [Drift("package", n, e, f) for n, e, f in diff_packages(installed, expected)]
+
+
+def image_drifts(installed: dict[str, str], facts: dict, pins: Pins) -> list[Drift]:
+    """Every difference from pip_freeze.txt and the seed table, deduplicated, in order."""
+    seed_live = {n: installed.get(n) for n in SEED_PACKAGES}
+    drifts = _fact_drifts(facts, SEED_FACTS) + _package_drifts(installed, pins.image)
+    # Seed rows also catch a freeze that was edited to agree with a drifted image.
+    drifts += [
+        Drift("package", n, v, seed_live[n]) for n, v in SEED_PACKAGES.items() if seed_live[n] != v
+    ]
+    seen, out = set(), []
+    for d in drifts:
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def _host_drifts(installed: dict[str, str], facts: dict, host: dict[str, str]) -> list[Drift]:
+    py = str(facts.get("python") or "")
+    out = []
+    if not py.startswith(HOST_PYTHON + "."):
+        out.append(Drift("fact", "python", HOST_PYTHON + ".*", py or None))
+    return out + _package_drifts(installed, host)
+
+
+def compare(installed: dict[str, str], facts: dict, pins: Pins, strict: bool) -> CheckResult:
+    """Classify an environment given its installed set and runtime facts."""
+    vs_image = image_drifts(installed, facts, pins)
+    if not vs_image:
+        return CheckResult("image", strict)
+    if strict:
+        return CheckResult("drifted", True, vs_image, len(vs_image))
+    vs_host = _host_drifts(installed, facts, pins.host) if pins.host is not None else None
+    if vs_host == []:
+        return CheckResult("host", False, [], len(vs_image))
+    # Report against the nearer known variant so the table is the useful one.
+    nearest = vs_host if vs_host is not None and len(vs_host) < len(vs_image) else vs_image
+    return CheckResult("drifted", False, nearest, len(vs_image))
+
+
+def check_environment(strict: bool = False, root: str | Path = REPO_ROOT) -> CheckResult:
+    """compare() on the live interpreter."""
+    return compare(installed_packages(), live.runtime_facts(), load_pins(root), strict)
+
+
+def environment_summary(root: str | Path = REPO_ROOT, runner: live.Runner = live.run_tool) -> dict:
+    """JSON-able facts for run manifests. Never raises on a machine without GPU or pins."""
+    installed = installed_packages()
+    facts = live.runtime_facts()
+    summary = dict(facts)
+    summary.update(live.gpu_facts(runner))
+    try:
+        pins = load_pins(root)
+        summary["variant"] = compare(installed, facts, pins, strict=False).variant
+        frozen = comparable(installed, pins.image)
+    except ConfigError as e:  # pins missing or malformed: still describe the environment
+        summary["variant"] = "drifted"
+        summary["pins_error"] = str(e)
+        frozen = comparable(installed, {})
+    summary["freeze_sha256"] = freeze_sha256(frozen)
+    summary["packages"] = frozen
+    return summary
+
+
+def format_report(result: CheckResult) -> str:
+    """A table of each difference (expected, found) and a one-line verdict."""
+    lines = []
+    if result.drifts:
+        width = max(len(d.name) for d in result.drifts)
+        lines.append(f"{'what':<8} {'name':<{width}}  {'expected':<20} found")
+        for d in result.drifts:
+            exp = d.expected if d.expected is not None else "(not expected)"
+            got = d.found if d.found is not None else "(absent)"
+            lines.append(f"{d.what:<8} {d.name:<{width}}  {exp:<20} {got}")
+    lines.append(verdict(result))
+    return "\n".join(lines)
+
+
+def verdict(result: CheckResult) -> str:
+    if result.variant == "image":
+        return "verdict: image: matches pip_freeze.txt and the seed table exactly"
+    if result.variant == "host":
+        return (
+            "verdict: host variant (lockfiles/host.txt + dev.txt); "
+            f"{result.image_drift_count} differences from the image not shown (use --strict)"
+        )
+    mode = "strict, against the image" if result.strict else "no known variant matches"
+    return f"verdict: DRIFTED ({mode}): {len(result.drifts)} differences"

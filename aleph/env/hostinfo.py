@@ -1,0 +1,148 @@
+"""Host and container facts from /proc and /sys, each reader rooted for tests.
+
+What a container sees of the host (all vCPUs, all RAM) is not what it may use; these
+readers report the visible figures, `aleph.env.cgroup` reports the limits. A fact
+that cannot be read is None, never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+_CONTAINER_ID = re.compile(r"(?:/containers/|docker[-/]|/libpod-|crio-)([0-9a-f]{64})")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def cpu_model(proc: Path = Path("/proc")) -> str | None:
+    """First `model name` in cpuinfo (x86); None elsewhere."""
+    for line in (_read(proc / "cpuinfo") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            return " ".join(value.split())
+    return None
+
+
+def visible_vcpus(proc: Path = Path("/proc")) -> int | None:
+    """Logical CPUs the kernel shows (cpuinfo `processor` entries), not the quota."""
+    text = _read(proc / "cpuinfo")
+    if text is None:
+        return None
+    return sum(1 for line in text.splitlines() if line.split(":")[0].strip() == "processor")
+
+
+def mem_total_bytes(proc: Path = Path("/proc")) -> int | None:
+    """MemTotal from meminfo, in bytes (the kernel reports kB = KiB)."""
+    for line in (_read(proc / "meminfo") or "").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def container_id(proc: Path = Path("/proc")) -> str | None:
+    """The 64-hex container id from mountinfo (Docker's /etc/hostname bind) or cgroup paths."""
+    for name in ("self/mountinfo", "self/cgroup"):
+        m = _CONTAINER_ID.search(_read(proc / name) or "")
+        if m:
+            return m.group(1)
+    return None
+
+
+def parse_cpulist(text: str) -> set[int]:
+    """`0-23,48-71` -> {0..23, 48..71}."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def format_cpulist(cpus: set[int] | list[int]) -> str:
+    """{0..23, 48..71} -> `0-23,48-71`."""
+    ranges, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            ranges.append(run)
+        run = [c]
+    if run:
+        ranges.append(run)
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in ranges)
+
+
+def affinity() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+
+def numa_nodes(cpus: set[int], sys_root: Path = Path("/sys")) -> list[int] | None:
+    """NUMA nodes holding any of `cpus`; None when the topology is not exposed."""
+    base = sys_root / "devices" / "system" / "node"
+    if not base.is_dir():
+        return None
+    nodes = []
+    for d in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        listed = _read(d / "cpulist")
+        if listed is not None and parse_cpulist(listed) & cpus:
+            nodes.append(int(d.name[4:]))
+    return nodes
+
+
+def os_release(etc: Path = Path("/etc")) -> str | None:
+    for line in (_read(etc / "os-release") or "").splitlines():
+        if line.startswith("PRETTY_NAME="):
+            return line.split("=", 1)[1].strip().strip('"')
+    return None
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_of(path: Path, proc: Path = Path("/proc")) -> dict | None:
+    """{mount_point, fstype, source} of the longest mount prefix of `path`."""
+    best = None
+    for line in (_read(proc / "self" / "mountinfo") or "").splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        mp = _unescape(left.split()[4])
+        fstype, source = (right.split() + ["", ""])[:2]
+        inside = str(path) == mp or str(path).startswith(mp.rstrip("/") + "/")
+        if inside and (best is None or len(mp) > len(best["mount_point"])):
+            best = {"mount_point": mp, "fstype": fstype, "source": _unescape(source)}
+    return best
+
+
+def storage(path: str | os.PathLike, proc: Path = Path("/proc")) -> dict:
+    """Size and filesystem of the volume holding `path` (its nearest existing parent)."""
+    p = Path(path).absolute()
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    usage = shutil.disk_usage(probe)
+    out = {
+        "path": str(p),
+        "exists": p.exists(),
+        "total_bytes": usage.total,
+        "free_bytes": usage.free,
+    }
+    out.update(
+        mount_of(probe.resolve(), proc) or {"mount_point": None, "fstype": None, "source": None}
+    )
+    return out

@@ -1,0 +1,66 @@
+"""Capability: unweighted mean Spearman over STS tasks, with dispatch on and off.
+
+For each pair the score is the cosine of the two embeddings (no task tuning); a task's
+figure is Spearman(cosine, gold). For bank arms the same is measured with dispatch off
+(trunk FFN only), and the toggle is off minus on: how much of the capability the
+dispatched experts carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import numpy as np
+
+from aleph.eval.encode import DEFAULT_BATCH, encode
+from aleph.eval.sts import pair_cosines, spearman
+from aleph.eval.tasks import STSTask
+
+
+def task_spearman(model, tokenizer, task: STSTask, max_len: int, batch_size: int, device) -> float:
+    a = [p[0] for p in task.pairs]
+    b = [p[1] for p in task.pairs]
+    gold = np.array([p[2] for p in task.pairs])  # (N,)
+    emb = encode(model, tokenizer, a + b, max_len, batch_size, device)  # (2N, D)
+    cos = pair_cosines(emb[: len(a)], emb[len(a) :])  # (N,)
+    return spearman(cos, gold)
+
+
+def capability(
+    model, tokenizer, tasks: Sequence[STSTask], max_len: int,
+    batch_size: int = DEFAULT_BATCH, device="cpu",
+) -> dict:
+    """{"tasks": {name: rho}, "mean": unweighted mean over the tasks}."""
+    per_task = {t.name: task_spearman(model, tokenizer, t, max_len, batch_size, device) for t in tasks}
+    return {"tasks": per_task, "mean": float(np.mean(list(per_task.values())))}
+
+
+@contextmanager
+def dispatch(model, on: bool):
+    """Temporarily set the bank's dispatch; always restores it to on."""
+    model.set_dispatch(on)
+    try:
+        yield model
+    finally:
+        model.set_dispatch(True)
+
+
+def capability_with_toggle(
+    model, tokenizer, tasks: Sequence[STSTask], max_len: int, has_bank: bool,
+    batch_size: int = DEFAULT_BATCH, device="cpu",
+) -> dict:
+    """Capability with dispatch on; for bank arms also off and the toggle (off - on)."""
+    if has_bank:
+        with dispatch(model, True):
+            on = capability(model, tokenizer, tasks, max_len, batch_size, device)
+    else:  # a dense model has no bank to switch
+        on = capability(model, tokenizer, tasks, max_len, batch_size, device)
+    result = {"tasks": on["tasks"], "mean": on["mean"],
+              "tasks_dispatch_off": None, "mean_dispatch_off": None, "toggle": None}
+    if has_bank:
+        with dispatch(model, False):
+            off = capability(model, tokenizer, tasks, max_len, batch_size, device)
+        result.update(tasks_dispatch_off=off["tasks"], mean_dispatch_off=off["mean"],
+                      toggle=off["mean"] - on["mean"])
+    return result

@@ -1,0 +1,57 @@
+"""Evaluate a run directory end to end: load its weights and tokenizer, score, record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from aleph.errors import DataError
+from aleph.eval import rundir
+from aleph.eval.evaluate import DEFAULT_PROBE_BATCH, evaluate_model, record
+from aleph.eval.probe_data import DEFAULT_ROWS, resolve_probe
+from aleph.eval.tasks import load_tasks
+
+
+def pick_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DataError("--device cuda: no CUDA device is visible")
+    return name
+
+
+def final_step(run_dir: Path) -> int:
+    """The training step the weights belong to (metrics.json), for the TensorBoard x axis."""
+    metrics = rundir.read_run_json(run_dir, rundir.METRICS, required=False) or {}
+    for key in ("step", "global_step", "steps"):
+        if isinstance(metrics.get(key), int):
+            return metrics[key]
+    return 0
+
+
+def run_eval(run_dir: str | Path, task_names: list[str], tasks_dir: str | None = None,
+             weights_dir: str | None = None, probe_captions: str | None = None,
+             probe_targets: str | None = None, probe_rows: int = DEFAULT_ROWS,
+             probe_batch: int = DEFAULT_PROBE_BATCH, batch_size: int = 128,
+             device: str = "auto", probes: bool = True) -> dict:
+    from aleph.data import load_tokenizer
+    from aleph.model.io import WEIGHTS, load_model
+
+    run_dir = rundir.require_run_dir(run_dir)
+    config = rundir.read_run_json(run_dir, rundir.CONFIG)
+    wdir = Path(weights_dir) if weights_dir else run_dir / rundir.FINAL_WEIGHTS
+    tok_dir = run_dir / rundir.TOKENIZER
+    if not tok_dir.is_dir():
+        raise DataError(f"{tok_dir}: missing (a run directory keeps the tokenizer it trained with)")
+    tasks = load_tasks(task_names, tasks_dir)  # before the model: fail fast on bad task data
+    probe = resolve_probe(config, probe_captions, probe_targets, probe_rows) if probes else None
+    dev = pick_device(device)
+    model = load_model(wdir, device=dev)
+    tokenizer = load_tokenizer(tok_dir)
+    max_len = config.get("max_len", model.config.max_len)
+    if not isinstance(max_len, int) or max_len < 1:
+        raise DataError(f"{run_dir / rundir.CONFIG}: field 'max_len' must be a positive integer")
+    result = evaluate_model(model, tokenizer, max_len, tasks, probe, batch_size, probe_batch, dev)
+    result["device"] = dev
+    return record(run_dir, result, wdir / WEIGHTS, final_step(run_dir))

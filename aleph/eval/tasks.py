@@ -1,0 +1,171 @@
+"""The STS tasks capability is measured on, and where their pairs come from.
+
+A task is a list of (sentence_a, sentence_b, gold) pairs. Sources, in the order tried
+for each requested name:
+
+1. a local file `<tasks_dir>/<name>.tsv` or `<name>.jsonl` (format below);
+2. `smoke`: pairs built offline from the smoke grammar (`aleph.data.smoke.sts_pairs`);
+3. the public test split on the Hugging Face hub, through `datasets`, cached under
+   `<work root>/cache/hf` (see `HF_TASKS` for the dataset ids: the MTEB copies).
+
+Local file formats (UTF-8):
+- TSV: a header line `sentence1<TAB>sentence2<TAB>score`, then one pair per line.
+- JSONL: one object per line with keys `sentence1`, `sentence2`, `score`.
+Gold scores are any real numbers (Spearman only uses their order), so STS-B's 0-5,
+SICK-R's 1-5 and BIOSSES's 0-4 scales can be used as published.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from aleph._io import sha256_json, work_root
+from aleph.errors import DataError
+
+# The 8 tasks of E1 capability, in the order of the published per-task row.
+E1_TASKS = ("stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16", "biosses")
+DISPLAY = {
+    "stsb": "STS-B", "sickr": "SICK-R", "sts12": "STS12", "sts13": "STS13",
+    "sts14": "STS14", "sts15": "STS15", "sts16": "STS16", "biosses": "BIOSSES",
+}
+# Public copies with one schema (sentence1, sentence2, score) and a `test` split.
+HF_TASKS = {
+    "stsb": "mteb/stsbenchmark-sts",
+    "sickr": "mteb/sickr-sts",
+    "sts12": "mteb/sts12-sts",
+    "sts13": "mteb/sts13-sts",
+    "sts14": "mteb/sts14-sts",
+    "sts15": "mteb/sts15-sts",
+    "sts16": "mteb/sts16-sts",
+    "biosses": "mteb/biosses-sts",
+}
+SMOKE_PAIRS = 256  # enough pairs that a trained/untrained gap is not noise
+SMOKE_SEED = 0
+
+
+@dataclass(frozen=True)
+class STSTask:
+    name: str
+    pairs: tuple[tuple[str, str, float], ...]
+    source: str  # where the pairs came from (file, dataset id, or "smoke grammar")
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the pairs themselves, so two evaluations can be shown to share data."""
+        return sha256_json([list(p) for p in self.pairs])
+
+
+def parse_task_names(spec: str) -> list[str]:
+    """`e1` (the 8 tasks), `smoke`, or a comma list of task names."""
+    names: list[str] = []
+    for part in (p.strip().lower() for p in spec.split(",")):
+        if not part:
+            continue
+        for name in E1_TASKS if part == "e1" else (part,):
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise DataError(f"--tasks {spec!r} names no task (use e1, smoke, or a comma list)")
+    return names
+
+
+def load_tasks(names: list[str], tasks_dir: str | Path | None = None) -> list[STSTask]:
+    return [load_task(n, tasks_dir) for n in names]
+
+
+def load_task(name: str, tasks_dir: str | Path | None = None) -> STSTask:
+    if tasks_dir is not None:
+        for ext, reader in ((".tsv", read_tsv), (".jsonl", read_jsonl)):
+            path = Path(tasks_dir) / f"{name}{ext}"
+            if path.is_file():
+                return STSTask(name, reader(path), f"file:{path.name}")
+    if name == "smoke":
+        return smoke_task()
+    if name in HF_TASKS:
+        return load_hf_task(name)
+    where = f" and no {name}.tsv/.jsonl in {tasks_dir}" if tasks_dir else ""
+    raise DataError(
+        f"unknown STS task {name!r}{where}; known: {', '.join(E1_TASKS)}, smoke "
+        "(or pass --tasks-dir with <name>.tsv / <name>.jsonl files)"
+    )
+
+
+def smoke_task(n: int = SMOKE_PAIRS, seed: int = SMOKE_SEED) -> STSTask:
+    from aleph.data import smoke  # deferred: eval of real tasks does not need the grammar
+
+    pairs = tuple((a, b, float(g)) for a, b, g in smoke.sts_pairs(n, seed))
+    return STSTask("smoke", _checked(pairs, "smoke grammar"), f"smoke grammar (n={n}, seed={seed})")
+
+
+def load_hf_task(name: str) -> STSTask:
+    dataset_id = HF_TASKS[name]
+    cache = work_root() / "cache" / "hf"
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(dataset_id, split="test", cache_dir=str(cache))
+    except Exception as e:  # network, hub or cache failures all end the same way for a user
+        raise DataError(
+            f"cannot load STS task {name!r} from dataset {dataset_id} (test split, cache {cache}): "
+            f"{type(e).__name__}: {str(e)[:300]}. Offline? Run once with network access to fill "
+            f"the cache, or give --tasks-dir with a local {name}.tsv / {name}.jsonl"
+        ) from e
+    missing = {"sentence1", "sentence2", "score"} - set(ds.column_names)
+    if missing:
+        raise DataError(f"dataset {dataset_id} lacks columns {sorted(missing)}")
+    pairs = tuple(
+        (str(a), str(b), float(s))
+        for a, b, s in zip(ds["sentence1"], ds["sentence2"], ds["score"], strict=True)
+    )
+    return STSTask(name, _checked(pairs, dataset_id), f"hf:{dataset_id}:test")
+
+
+def read_tsv(path: Path) -> tuple[tuple[str, str, float], ...]:
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    if not lines or lines[0].split("\t") != ["sentence1", "sentence2", "score"]:
+        raise DataError(f"{path}: line 1 must be the header 'sentence1<TAB>sentence2<TAB>score'")
+    pairs = []
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) != 3:
+            raise DataError(f"{path}: line {lineno}: expected 3 tab-separated fields, got {len(cols)}")
+        pairs.append((cols[0], cols[1], _score(cols[2], path, lineno)))
+    return _checked(tuple(pairs), str(path))
+
+
+def read_jsonl(path: Path) -> tuple[tuple[str, str, float], ...]:
+    pairs = []
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {lineno}: not JSON ({e.msg})") from e
+        for key in ("sentence1", "sentence2", "score"):
+            if not isinstance(row, dict) or key not in row:
+                raise DataError(f"{path}: line {lineno}: missing field {key!r}")
+        pairs.append((str(row["sentence1"]), str(row["sentence2"]), _score(row["score"], path, lineno)))
+    return _checked(tuple(pairs), str(path))
+
+
+def _score(value, path, lineno) -> float:
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{path}: line {lineno}: field 'score' is not a number: {value!r}") from None
+    if score != score:  # NaN cannot be ranked
+        raise DataError(f"{path}: line {lineno}: field 'score' is NaN")
+    return score
+
+
+def _checked(pairs: tuple, where: str) -> tuple:
+    if len(pairs) < 2:
+        raise DataError(f"{where}: an STS task needs at least 2 pairs, got {len(pairs)}")
+    if len({p[2] for p in pairs}) < 2:
+        raise DataError(f"{where}: all gold scores are equal, Spearman is undefined")
+    return pairs

@@ -1,0 +1,103 @@
+"""Feed-forward layers of a block: the a2 dense FFN and the a1/a3 anchored bank.
+
+Both are bias-free, so the bank is parameter-matched to the dense FFN exactly in its
+matrices: trunk d*ff*2 + K experts d*ff*2 = (1 + K) * 2*d*ff = 2*d*2048 for ff=512, K=3.
+Only the address (K*D anchors) and K gates are extra: 1,539 numbers per block at E1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aleph.model.address import Address
+
+_STD = 0.02  # BERT-style init scale for every projection
+
+
+class DenseFFN(nn.Module):
+    """a2: Linear d->ff, GELU, Linear ff->d, no bias."""
+
+    def __init__(self, d_model: int, ff: int) -> None:
+        super().__init__()
+        self.w_in = nn.Linear(d_model, ff, bias=False)
+        self.w_out = nn.Linear(ff, d_model, bias=False)
+        nn.init.normal_(self.w_in.weight, std=_STD)
+        nn.init.normal_(self.w_out.weight, std=_STD)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.w_out(F.gelu(self.w_in(x)))  # (B, L, D)
+
+
+class AnchoredBank(nn.Module):
+    """out = trunk(x) + sum_k w_k(x) * sigmoid(g_k) * expert_k(x).
+
+    Every expert runs on every token (no top-k, no argmax, no balance loss); the K
+    experts are evaluated as one (D, K*ff) and one (K*ff, D) matmul, with the signed,
+    gated coefficients applied to the hidden units in between. w_out starts at zero, so
+    at init the bank *is* its trunk, bit for bit.
+    """
+
+    def __init__(self, d_model: int, ff: int, n_anchors: int, tau: float,
+                 gate_init: float, learned_anchors: bool) -> None:
+        super().__init__()
+        self.n_anchors, self.ff = n_anchors, ff
+        self.trunk = DenseFFN(d_model, ff)
+        self.address = Address(d_model, n_anchors, tau, learned=learned_anchors)
+        self.w_in = nn.Parameter(torch.randn(n_anchors, d_model, ff) * _STD)  # (K, D, ff)
+        self.w_out = nn.Parameter(torch.zeros(n_anchors, ff, d_model))  # (K, ff, D)
+        self.gates = nn.Parameter(torch.full((n_anchors,), float(gate_init)))  # (K,)
+        self.dispatch = True
+        # Summary of the last forward's address, for health(): |w| mass on each of the
+        # 2K half-axes (k+, k-), negative-weight count, token count. Updated in place
+        # so torch.compile sees a buffer mutation, not a Python attribute write.
+        self.register_buffer("_usage", torch.zeros(2 * n_anchors), persistent=False)
+        self.register_buffer("_neg", torch.zeros(()), persistent=False)
+        self.register_buffer("_count", torch.zeros(()), persistent=False)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, D); mask (B, L) bool, True on real tokens (health counts only those)."""
+        out = self.trunk(x)  # (B, L, D)
+        if not self.dispatch:
+            return out
+        w = self.address(x)  # (B, L, K) float32
+        self._record(w, mask)
+        coef = (w * torch.sigmoid(self.gates.float())).to(x.dtype)  # (B, L, K)
+        k, d, ff = self.w_in.shape
+        w_in = self.w_in.permute(1, 0, 2).reshape(d, k * ff)  # (D, K*ff)
+        h = F.gelu(x @ w_in.to(x.dtype))  # (B, L, K*ff)
+        h = h.unflatten(-1, (k, ff)) * coef.unsqueeze(-1)  # (B, L, K, ff)
+        experts = h.flatten(-2) @ self.w_out.reshape(k * ff, d).to(x.dtype)  # (B, L, D)
+        return out + experts  # (B, L, D)
+
+    @torch.no_grad()
+    def _record(self, w: torch.Tensor, mask: torch.Tensor | None) -> None:
+        w = w.detach()  # (B, L, K)
+        keep = (mask.unsqueeze(-1).to(w.dtype) if mask is not None
+                else torch.ones_like(w[..., :1]))  # (B, L, 1)
+        half = torch.cat([w.clamp(min=0), (-w).clamp(min=0)], dim=-1) * keep  # (B, L, 2K)
+        self._usage.copy_(half.sum(dim=(0, 1)))
+        self._neg.copy_(((w < 0).to(w.dtype) * keep).sum())
+        self._count.copy_(keep.sum() * w.shape[-1])
+
+    @torch.no_grad()
+    def health(self) -> dict[str, float]:
+        """Gauges of this bank; address-derived ones describe the last forward with dispatch on."""
+        gates = torch.sigmoid(self.gates.float())  # (K,)
+        out = {f"gate{k}": float(g) for k, g in enumerate(gates)}
+        out["gate_mean"] = float(gates.mean())
+        out["anchor_drift"] = self.address.drift()
+        out["anchor_max_cos"] = self.address.max_abs_cos()
+        total = float(self._usage.sum())
+        if total > 0:  # no forward yet (or all-zero weights): usage is undefined
+            p = self._usage / total  # (2K,)
+            entropy = -(p * torch.log(p.clamp(min=1e-30))).sum()
+            out["usage_ppl"] = float(torch.exp(entropy))  # in [1, 2K]
+            out["neg_frac"] = float(self._neg / self._count.clamp(min=1))
+        else:
+            out["usage_ppl"] = math.nan
+            out["neg_frac"] = math.nan
+        return out

@@ -1,0 +1,103 @@
+"""The encoder's configuration: one frozen dataclass holding every size, checked on creation."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from aleph.errors import ConfigError
+
+ARMS = ("a1_anchored", "a2_dense", "a3_random")
+"""The public E1 arms. a1: anchored bank with learned anchors; a2: dense FFN (control);
+a3: the a1 bank with anchors frozen at their random init."""
+
+BANK_ARMS = ("a1_anchored", "a3_random")
+
+# Named in the seed as an arm gated off for a1-a3; its code is not public.
+_UNAVAILABLE_ARMS = {"splat": "not available (it is not public; the seed lists it gated off)"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every size of the AlephLM-0 encoder. Defaults are the E1 shape."""
+
+    arm: str
+    """Which feed-forward every block uses: one of ARMS."""
+    vocab_size: int
+    """Rows of the token embedding; at least the tokenizer's vocabulary (30522 for bert-base-uncased)."""
+    max_len: int = 128
+    """Longest input in tokens (position embeddings); 128 as in the E1 pilot."""
+    d_model: int = 512
+    """Residual width."""
+    n_layers: int = 12
+    """Transformer blocks."""
+    n_heads: int = 8
+    """Attention heads; must divide d_model."""
+    ffn_dense: int = 2048
+    """Hidden width of the a2 dense FFN."""
+    ffn_expert: int = 512
+    """Hidden width of the trunk and of each dispatched expert (bank arms)."""
+    n_anchors: int = 3
+    """K: dispatched experts = anchors of the signed address (bank arms)."""
+    address_tau: float = 0.1
+    """Temperature of the address score u = cos(x, anchor) / tau."""
+    gate_init: float = -3.0
+    """Initial value of each expert's gate logit g_k (sigmoid(-3) ~ 0.047)."""
+    out_dim: int = 768
+    """Width of the projected, L2-normalised sentence embedding (= target dim)."""
+    dropout: float = 0.0
+    """Dropout on embeddings, attention probabilities and block outputs."""
+    checkpointing: bool = False
+    """Per-block activation checkpointing in training (exclusive with torch.compile on torch 2.4)."""
+    pad_id: int = 0
+    """Token id of [PAD]; its embedding row is unused by pooling and attention."""
+
+    def __post_init__(self) -> None:
+        if self.arm not in ARMS:
+            extra = _UNAVAILABLE_ARMS.get(self.arm)
+            why = f"arm {self.arm!r} is {extra}" if extra else f"unknown arm {self.arm!r}"
+            raise ConfigError(f"ModelConfig.arm: {why}; the arms that exist are {', '.join(ARMS)}")
+        for name in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads",
+                     "ffn_dense", "ffn_expert", "n_anchors", "out_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ModelConfig.{name}: expected a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"ModelConfig.n_heads: {self.n_heads} does not divide d_model {self.d_model}")
+        if not (isinstance(self.address_tau, int | float) and self.address_tau > 0):
+            raise ConfigError(f"ModelConfig.address_tau: expected > 0, got {self.address_tau!r}")
+        if not isinstance(self.gate_init, int | float) or isinstance(self.gate_init, bool):
+            raise ConfigError(f"ModelConfig.gate_init: expected a number, got {self.gate_init!r}")
+        if not (isinstance(self.dropout, int | float) and 0.0 <= self.dropout < 1.0):
+            raise ConfigError(f"ModelConfig.dropout: expected 0 <= dropout < 1, got {self.dropout!r}")
+        if not isinstance(self.checkpointing, bool):
+            raise ConfigError(
+                f"ModelConfig.checkpointing: expected true/false, got {self.checkpointing!r}")
+        if not isinstance(self.pad_id, int) or not 0 <= self.pad_id < self.vocab_size:
+            raise ConfigError(
+                f"ModelConfig.pad_id: expected 0 <= pad_id < vocab_size {self.vocab_size}, "
+                f"got {self.pad_id!r}")
+
+    @property
+    def is_bank(self) -> bool:
+        """True for the arms whose FFN is the anchored bank (a1, a3)."""
+        return self.arm in BANK_ARMS
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "model config") -> ModelConfig:
+        """Build from a dict; an unknown key is a ConfigError naming it and `source`."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown field(s) {unknown}; known: {sorted(known)}")
+        missing = sorted(k for k in ("arm", "vocab_size") if k not in data)
+        if missing:
+            raise ConfigError(f"{source}: missing required field(s) {missing}")
+        return cls(**data)

@@ -1,0 +1,136 @@
+"""The AlephLM-0 sentence encoder: embeddings, pre-LN transformer blocks, mean pooling,
+projection to the target width, L2 normalisation."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint  # explicit: torch 2.4.1 does not import it with `import torch`
+from torch import nn
+
+from aleph.model.bank import AnchoredBank, DenseFFN
+from aleph.model.config import ModelConfig
+
+_STD = 0.02
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention through scaled_dot_product_attention with a key padding mask."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads, self.dropout = n_heads, dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """x (B, L, D); key_mask (B, 1, 1, L) bool, True = may be attended to."""
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.n_heads, d // self.n_heads).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh) each
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)  # (B, H, L, Dh)
+        return self.out(y.transpose(1, 2).reshape(b, n, d))  # (B, L, D)
+
+
+class Block(nn.Module):
+    """Pre-LN block: x + attn(LN(x)), then x + ffn(LN(x)); ffn is dense (a2) or the bank."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        if cfg.is_bank:
+            self.ffn = AnchoredBank(cfg.d_model, cfg.ffn_expert, cfg.n_anchors, cfg.address_tau,
+                                    cfg.gate_init, learned_anchors=cfg.arm == "a1_anchored")
+        else:
+            self.ffn = DenseFFN(cfg.d_model, cfg.ffn_dense)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), key_mask))  # (B, L, D)
+        return x + self.drop(self.ffn(self.ln2(x), mask))  # (B, L, D)
+
+
+class AlephEncoder(nn.Module):
+    """input_ids (B, L) long, attention_mask (B, L) bool -> (B, out_dim) unit vectors."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.out_dim)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in (self.tok, self.pos):
+            nn.init.normal_(m.weight, std=_STD)
+        for blk in self.blocks:
+            for lin in (blk.attn.qkv, blk.attn.out):
+                nn.init.normal_(lin.weight, std=_STD)
+                nn.init.zeros_(lin.bias)
+        nn.init.normal_(self.proj.weight, std=_STD)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        n = input_ids.shape[1]
+        if n > self.config.max_len:
+            raise ValueError(f"input length {n} exceeds ModelConfig.max_len {self.config.max_len}")
+        mask = attention_mask.bool()  # (B, L) True on real tokens
+        pos = torch.arange(n, device=input_ids.device)  # (L,)
+        x = self.drop(self.tok(input_ids) + self.pos(pos))  # (B, L, D)
+        # Rows must hold >= 1 real token (tokenizers always add [CLS]/[SEP]): an all-False
+        # key mask gives a NaN softmax.
+        key_mask = mask[:, None, None, :]  # (B, 1, 1, L)
+        for blk in self.blocks:
+            if self.config.checkpointing and self.training:
+                # Not under torch.compile: on torch 2.4 the recompute re-enters dynamo and fails.
+                x = torch.utils.checkpoint.checkpoint(blk, x, key_mask, mask, use_reentrant=False)
+            else:
+                x = blk(x, key_mask, mask)  # (B, L, D)
+        x = self.ln_f(x)  # (B, L, D)
+        m = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
+        pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, D) mean of real tokens
+        return F.normalize(self.proj(pooled).float(), dim=-1)  # (B, out_dim)
+
+    def banks(self) -> list[AnchoredBank]:
+        return [blk.ffn for blk in self.blocks if isinstance(blk.ffn, AnchoredBank)]
+
+    def set_dispatch(self, enabled: bool) -> None:
+        """Dispatch off = every bank runs its trunk only (the evaluation's toggle); no-op for a2."""
+        for bank in self.banks():
+            bank.dispatch = bool(enabled)
+
+    def health(self) -> dict[str, float]:
+        """Per-layer gauges `layerNN/<gauge>` of the bank arms; {} for a2."""
+        out: dict[str, float] = {}
+        for i, blk in enumerate(self.blocks):
+            if isinstance(blk.ffn, AnchoredBank):
+                out.update({f"layer{i:02d}/{k}": v for k, v in blk.ffn.health().items()})
+        return out
+
+
+def build_model(cfg: ModelConfig) -> AlephEncoder:
+    """A freshly initialised encoder for `cfg` (seed torch's RNG first for reproducibility)."""
+    return AlephEncoder(cfg)
+
+
+def count_parameters(model: nn.Module) -> dict[str, int]:
+    """Parameter counts: `trainable`, and `total` = trainable + frozen anchors.
+
+    a3's anchors are a buffer (frozen) but are the same K x D numbers a1 learns, so
+    `total` counts them: that is the figure compared across arms (a1 == a3 exactly, both
+    within 0.1% of a2 at E1). The `anchors_init` copies and health buffers are not
+    parameters and are never counted.
+    """
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    for name, buf in model.named_buffers():
+        if name.endswith("address.anchors"):
+            frozen += buf.numel()
+    return {"trainable": trainable, "total": trainable + frozen}

@@ -1,0 +1,70 @@
+"""Weights on disk: `model.safetensors` + `model_config.json` in one directory, both atomic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from safetensors import SafetensorError
+
+from aleph._io import atomic_write_bytes, atomic_write_json, read_json
+from aleph.errors import ConfigError, StoreError
+from aleph.model.config import ModelConfig
+from aleph.model.encoder import AlephEncoder, build_model
+
+WEIGHTS = "model.safetensors"
+CONFIG = "model_config.json"
+_COMPILED_PREFIX = "_orig_mod."  # torch.compile's wrapper prefixes every key with this
+
+
+def _plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The uncompiled module's state dict, contiguous CPU tensors, no `_orig_mod.` prefix."""
+    model = getattr(model, "_orig_mod", model)
+    out = {}
+    for key, value in model.state_dict().items():
+        key = key.replace(_COMPILED_PREFIX, "")
+        out[key] = value.detach().to("cpu").contiguous()
+    return out
+
+
+def save_weights(model: torch.nn.Module, out_dir: str | Path) -> Path:
+    """Write the weights and config of `model` (compiled or not) into `out_dir`.
+
+    The config is written last: a directory whose config is present has complete weights.
+    """
+    out_dir = Path(out_dir)
+    cfg: ModelConfig = getattr(model, "_orig_mod", model).config
+    blob = safetensors.torch.save(_plain_state_dict(model), metadata={"arm": cfg.arm})
+    atomic_write_bytes(out_dir / WEIGHTS, blob)
+    atomic_write_json(out_dir / CONFIG, cfg.to_dict())
+    return out_dir
+
+
+def load_model(weights_dir: str | Path, device: str | torch.device = "cpu") -> AlephEncoder:
+    """Rebuild the encoder from `weights_dir` and load its weights (strict key/shape match)."""
+    weights_dir = Path(weights_dir)
+    cfg_path, w_path = weights_dir / CONFIG, weights_dir / WEIGHTS
+    for path in (cfg_path, w_path):
+        if not path.is_file():
+            raise StoreError(f"{path}: missing (a weights directory holds {WEIGHTS} and {CONFIG})")
+    try:
+        cfg = ModelConfig.from_dict(read_json(cfg_path), source=str(cfg_path))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{cfg_path}: not valid JSON ({e})") from e
+    try:
+        state = safetensors.torch.load_file(str(w_path), device=str(device))
+    except (SafetensorError, OSError) as e:
+        raise StoreError(f"{w_path}: unreadable safetensors file ({e})") from e
+    model = build_model(cfg).to(device)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    if missing or unexpected or bad:
+        raise StoreError(
+            f"{w_path}: does not match {cfg_path} (arm {cfg.arm}): missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}, wrong shape {bad[:5]}")
+    model.load_state_dict(state, strict=True)
+    return model

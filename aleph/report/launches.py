@@ -1,0 +1,95 @@
+"""Launch history of a run: count, gaps, overlaps, failed or lost launches, log headers.
+
+Each launch appends to its own log (`launches/<launch id>.log`), every line tagged with
+the launch id, and starts with a header (launch id, allocator cap, VRAM probe, config
+echo, resume line). A log whose first line is not that launch's header has lost its
+preamble, or was written by someone else (the seed's a1-s1 log began with 7,195 bytes of
+a duplicate launch): the run's own setup then has no witness, which is a caveat.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+# The header is the launch's first lines; each item must appear in one of them.
+HEADER_LINES = 12
+HEADER_MARKERS = {
+    "launch id": "launch ",
+    "allocator cap": "allocator cap",
+    "VRAM probe": "vram probe",
+    "config echo": "config ",
+    "resume line": "resume",
+}
+
+
+def _time(value) -> _dt.datetime | None:
+    if isinstance(value, int | float):
+        return _dt.datetime.fromtimestamp(value, _dt.UTC)
+    if isinstance(value, str):
+        try:
+            t = _dt.datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return t if t.tzinfo else t.replace(tzinfo=_dt.UTC)
+    return None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}h{rest // 60:02d}m{rest % 60:02d}s"
+
+
+def header_problem(log: Path, launch_id: str) -> str | None:
+    """None when `log` starts with `launch_id`'s header, else what is wrong."""
+    if not log.is_file():
+        return f"log {log.name} is missing"
+    with open(log, encoding="utf-8", errors="replace") as f:
+        head = [f.readline() for _ in range(HEADER_LINES)]
+    head = [line for line in head if line]
+    if not head:
+        return f"log {log.name} is empty"
+    if f"[{launch_id}" not in head[0]:
+        return (f"log {log.name} does not start with this launch's lines (first line: "
+                f"{head[0].strip()[:80]!r}): its preamble has no witness")
+    own = [line.lower() for line in head if f"[{launch_id}" in line]
+    missing = [name for name, marker in HEADER_MARKERS.items() if not any(marker in line for line in own)]
+    if missing:
+        return f"log {log.name} lacks header line(s): {', '.join(missing)}"
+    return None
+
+
+def check_launches(run_dir: Path, manifest: dict) -> list[tuple[str, str]]:
+    """(level, text) findings about one run's launches."""
+    entries = manifest.get("launches") or []
+    if not entries:
+        return [("caveat", "no launch recorded in manifest.json")]
+    out: list[tuple[str, str]] = []
+    n = len(entries)
+    out.append(("info" if n == 1 else "caveat",
+                f"{n} launch(es)" + ("" if n == 1 else f": resumed {n - 1} time(s)")))
+    prev_end = None
+    for i, e in enumerate(entries, start=1):
+        lid = str(e.get("launch_id", f"#{i}"))
+        start, end = _time(e.get("start")), _time(e.get("end"))
+        if prev_end and start:
+            gap = (start - prev_end).total_seconds()
+            if gap < 0:
+                out.append(("caveat", f"launch {i} ({lid}) started {_duration(-gap)} before launch "
+                            f"{i - 1} ended: overlapping launches (duplicate orchestrator?)"))
+            else:
+                out.append(("info", f"gap of {_duration(gap)} before launch {i} ({lid})"))
+        status, code = e.get("status"), e.get("exit_status")
+        if status in ("lost", "running") or (code not in (0, None)):
+            level = "caveat" if i < n else "blocker"
+            out.append((level, f"launch {i} ({lid}) ended {status or ''} with exit status {code}"
+                        + ("" if i < n else ": the run did not finish")))
+        if e.get("log"):
+            problem = header_problem(Path(run_dir) / e["log"], lid)
+            if problem:
+                out.append(("caveat", f"launch {i} ({lid}): {problem}"))
+        else:
+            out.append(("caveat", f"launch {i} ({lid}) records no log"))
+        prev_end = end or prev_end
+    return out

@@ -1,0 +1,85 @@
+"""Render a built report (aleph.report.table.build) as Markdown, CSV and JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from aleph._io import atomic_write_json, atomic_write_text
+from aleph.model.config import BANK_ARMS
+from aleph.report.table import NUMERIC, task_label
+
+SUMMARY_HEADER = ("run", "mean", "dispatch OFF", "toggle", "R@1", "cos->target", "erank/768")
+MISSING = "—"
+
+
+def _num(value, digits: int = 4, signed: bool = False) -> str:
+    if value is None:
+        return MISSING
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def summary_cells(row: dict) -> list[str]:
+    no_bank = row.get("arm") not in BANK_ARMS and row["kind"] != "published"
+    off = "n/a" if no_bank else _num(row.get("capability_dispatch_off"))
+    toggle = "n/a" if no_bank else _num(row.get("toggle"), signed=row["kind"] != "spread")
+    if row.get("r_at_1") is not None:
+        b = row.get("r_at_1_batch_size")
+        r1 = _num(row["r_at_1"]) + (f" (b={b})" if b else "")
+    else:
+        r1 = row.get("r_at_1_text", MISSING)
+    cos = _num(row.get("cos_target")) if row.get("cos_target") is not None else row.get("cos_target_text", MISSING)
+    er = _num(row.get("erank"), 1) if row.get("erank") is not None else row.get("erank_text", MISSING)
+    return [row["run"], _num(row.get("capability")), off, toggle, r1, cos, er]
+
+
+def _md_table(header, body) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def markdown(report: dict) -> str:
+    rows, names = report["rows"], report["task_names"]
+    parts = ["## E1 table", "", _md_table(SUMMARY_HEADER, [summary_cells(r) for r in rows])]
+    if names:
+        header = ["run", *(task_label(n) for n in names)]
+        body = [[r["run"], *(_num(r["tasks"].get(n)) for n in names)] for r in rows if r.get("tasks")]
+        parts += ["", "## Per-task Spearman", "", _md_table(header, body)]
+    if report["notes"]:
+        parts += ["", *(f"- {n}" for n in report["notes"])]
+    return "\n".join(parts) + "\n"
+
+
+def summary_csv(report: dict) -> str:
+    fields = ["run", "kind", "arm", "seed", *NUMERIC, "r_at_1_batch_size", "dim"]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in report["rows"]:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
+    return buf.getvalue()
+
+
+def tasks_csv(report: dict) -> str:
+    names = report["task_names"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["run", "kind", *names])
+    for r in report["rows"]:
+        if r.get("tasks"):
+            w.writerow([r["run"], r["kind"], *("" if r["tasks"].get(n) is None else r["tasks"][n] for n in names)])
+    return buf.getvalue()
+
+
+def write_all(report: dict, out_dir: Path) -> list[Path]:
+    """report.md, runs.csv, tasks.csv, report.json in `out_dir`, each written atomically."""
+    out_dir = Path(out_dir)
+    files = {
+        "report.md": markdown(report), "runs.csv": summary_csv(report), "tasks.csv": tasks_csv(report),
+    }
+    for name, text in files.items():
+        atomic_write_text(out_dir / name, text)
+    atomic_write_json(out_dir / "report.json", report)
+    return [out_dir / n for n in (*files, "report.json")]

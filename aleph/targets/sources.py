@@ -1,0 +1,243 @@
+"""Chunk files: header inspection, stat-only fingerprints, and zero-copy chunk readers.
+
+A source is an ordered list of chunk files, each one 2-D tensor of N_i x D in
+float16, bfloat16 or float32, stored as `.pt` (torch.save), `.npy` or `.safetensors`.
+
+- `inspect_chunk` reads only headers: the .npy header, the safetensors JSON header,
+  or the pickle record of a .pt loaded with `mmap=True` (its storage is mapped, not read).
+- `.pt` files are only ever loaded with `torch.load(weights_only=True)`, which refuses
+  every object but tensors and plain containers: a file holding anything else is
+  rejected without being unpickled.
+- `source_stats` / `source_fingerprint` use `os.stat` only (path, size, mtime_ns), so a
+  cache hit opens no chunk file. Trade-off, chosen deliberately: a rewrite that keeps
+  both size and mtime_ns is not noticed (`aleph targets verify --full` re-hashes the
+  stored rows; rebuild with a fresh output directory when sources are edited in place).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from aleph._io import sha256_json
+from aleph.errors import StoreError
+from aleph.targets.format import DTYPES, TORCH_RAW, dtype_entry, torch_dtype_name
+
+SUFFIXES = (".pt", ".npy", ".safetensors")
+_NPY_DTYPES = {"<f2": "float16", "<f4": "float32"}
+_ST_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """What the header of one chunk file says. Tests may fabricate these for `plan`."""
+
+    path: str
+    rows: int
+    dim: int
+    dtype: str  # a key of format.DTYPES
+    file_size: int = 0
+    mtime_ns: int = 0
+    data_offset: int | None = None  # byte offset of the rows (.npy/.safetensors)
+    key: str | None = None  # dict key (.pt) or tensor name (.safetensors)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.dim * DTYPES[self.dtype][1]
+
+
+def _stat(path: str) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        raise StoreError(f"{path}: chunk file not found") from None
+    except OSError as e:
+        raise StoreError(f"{path}: cannot stat chunk file ({e.strerror})") from None
+
+
+def source_stats(paths: Sequence[str | os.PathLike]) -> list[dict]:
+    """[{path, size, mtime_ns}] for each chunk, from os.stat only (no file is opened)."""
+    if not paths:
+        raise StoreError("no chunk files given (empty source list)")
+    out = []
+    for p in paths:
+        path = os.path.realpath(os.fspath(p))
+        st = _stat(path)
+        out.append({"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return out
+
+
+def source_fingerprint(stats: list[dict]) -> str:
+    """Hash of the ordered (path, size, mtime_ns) list: the cache key of a store."""
+    return sha256_json({"kind": "targets-sources-v1", "sources": stats})
+
+
+def _truncated(path: str, what: str, need: int, have: int) -> StoreError:
+    return StoreError(f"{path}: truncated or padded {what}: expected {need:,} bytes, file has {have:,}")
+
+
+def _inspect_npy(path: str, size: int) -> tuple[int, int, str, int, None]:
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
+                version, np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read(f)
+        except (ValueError, OSError, SyntaxError) as e:
+            raise StoreError(f"{path}: not a readable .npy file ({e})") from None
+        offset = f.tell()
+    name = _NPY_DTYPES.get(dtype.str)
+    if name is None or fortran or len(shape) != 2:
+        raise StoreError(
+            f"{path}: expected a 2-D C-order float16/float32 array, found shape {shape} "
+            f"dtype {dtype.str} fortran_order={fortran}"
+        )
+    need = offset + shape[0] * shape[1] * dtype.itemsize
+    if size != need:
+        raise _truncated(path, ".npy", need, size)
+    return shape[0], shape[1], name, offset, None
+
+
+def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if n <= 0 or 8 + n > size or n > 100 << 20:
+            raise StoreError(f"{path}: not a safetensors file (bad header length {n})")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StoreError(f"{path}: safetensors header is not JSON ({e})") from None
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    if len(tensors) != 1:
+        raise StoreError(f"{path}: expected exactly one tensor, found {sorted(tensors)}")
+    (key, meta), = tensors.items()
+    shape, name = meta.get("shape"), _ST_DTYPES.get(meta.get("dtype"))
+    if name is None or not isinstance(shape, list) or len(shape) != 2:
+        raise StoreError(f"{path}: tensor {key!r} must be 2-D F16/BF16/F32, found {meta}")
+    begin, end = meta["data_offsets"]
+    if end - begin != shape[0] * shape[1] * DTYPES[name][1] or 8 + n + end != size:
+        raise _truncated(path, ".safetensors", 8 + n + begin + shape[0] * shape[1] * DTYPES[name][1], size)
+    return shape[0], shape[1], name, 8 + n + begin, key
+
+
+def _load_pt(path: str) -> tuple[torch.Tensor, str | None]:
+    """Load a .pt with weights_only=True (mapped when possible) and pick its one tensor."""
+    try:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):  # legacy (non-zip) format cannot be mapped
+                raise
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise StoreError(
+            f"{path}: refused: the .pt holds objects other than tensors, and .pt chunks are "
+            f"only loaded with weights_only=True (nothing was unpickled): {first}"
+        ) from None
+    except Exception as e:  # zip/pickle corruption surfaces as many types
+        raise StoreError(f"{path}: unreadable .pt (truncated or not a torch.save file): {e}") from None
+    if isinstance(obj, torch.Tensor):
+        return obj, None
+    if isinstance(obj, dict) and len(obj) == 1:
+        (key, value), = obj.items()
+        if isinstance(value, torch.Tensor):
+            return value, str(key)
+    desc = f"dict with keys {sorted(map(str, obj))}" if isinstance(obj, dict) else type(obj).__name__
+    raise StoreError(f"{path}: expected a tensor or a dict holding one tensor, found {desc}")
+
+
+def _inspect_pt(path: str) -> tuple[int, int, str, None, str | None]:
+    t, key = _load_pt(path)
+    name = torch_dtype_name(t.dtype)
+    if name is None or t.dim() != 2:
+        raise StoreError(f"{path}: expected a 2-D float16/bfloat16/float32 tensor, found {tuple(t.shape)} {t.dtype}")
+    return t.shape[0], t.shape[1], name, None, key
+
+
+def inspect_chunk(path: str | os.PathLike) -> ChunkInfo:
+    """Read one chunk's header (never its rows) and check it is well formed."""
+    path = os.path.realpath(os.fspath(path))
+    st = _stat(path)
+    suffix = os.path.splitext(path)[1]
+    readers = {".npy": _inspect_npy, ".safetensors": _inspect_safetensors}
+    try:
+        if suffix == ".pt":
+            rows, dim, dtype, offset, key = _inspect_pt(path)
+        elif suffix in readers:
+            rows, dim, dtype, offset, key = readers[suffix](path, st.st_size)
+        else:
+            raise StoreError(f"{path}: unknown chunk type {suffix!r} (expected one of {SUFFIXES})")
+    except PermissionError:
+        raise StoreError(f"{path}: chunk file is not readable (permission denied)") from None
+    if rows <= 0:
+        raise StoreError(f"{path}: chunk has no rows (shape {rows} x {dim})")
+    return ChunkInfo(path, rows, dim, dtype, st.st_size, st.st_mtime_ns, offset, key)
+
+
+def check_layout(infos: Sequence[ChunkInfo]) -> None:
+    """All chunks must share one width and one dtype (mixed dtypes are an error, not a
+    silent conversion: the seed's targets are one fp16 tensor cut into chunks)."""
+    if not infos:
+        raise StoreError("no chunk files given (empty source list)")
+    first = infos[0]
+    for info in infos[1:]:
+        if info.dim != first.dim:
+            raise StoreError(
+                f"{info.path}: wrong width {info.dim}, expected {first.dim} (the width of {first.path})"
+            )
+        if info.dtype != first.dtype:
+            raise StoreError(
+                f"{info.path}: dtype {info.dtype} differs from {first.dtype} of {first.path}; "
+                "mixed dtypes are refused (convert the chunks to one dtype first)"
+            )
+
+
+def describe_sources(paths: Sequence[str | os.PathLike]) -> list[ChunkInfo]:
+    """Inspect every chunk's header and check that they form one table."""
+    if not paths:
+        raise StoreError("no chunk files given (empty source list)")
+    infos = [inspect_chunk(p) for p in paths]
+    check_layout(infos)
+    return infos
+
+
+@contextlib.contextmanager
+def open_chunk(info: ChunkInfo) -> Iterator[np.ndarray]:
+    """Yield the chunk's rows as a raw unsigned array (rows, dim), mapped, not read.
+
+    Pages are read when touched, so the caller can stream slices through memory.
+    The file must still match its header (size/shape/dtype), else StoreError.
+    """
+    raw = DTYPES[info.dtype][2]
+    st = _stat(info.path)
+    if (st.st_size, st.st_mtime_ns) != (info.file_size, info.mtime_ns):
+        raise StoreError(f"{info.path}: chunk changed while the store was being built")
+    if info.data_offset is not None:
+        try:
+            arr = np.memmap(info.path, dtype=raw, mode="r", offset=info.data_offset,
+                            shape=(info.rows, info.dim))
+        except PermissionError:
+            raise StoreError(f"{info.path}: chunk file is not readable (permission denied)") from None
+        yield arr  # unmapped when the last reference goes, i.e. when the caller is done
+        return
+    t, _ = _load_pt(info.path)
+    if (t.shape[0], t.shape[1], torch_dtype_name(t.dtype)) != (info.rows, info.dim, info.dtype):
+        raise StoreError(f"{info.path}: tensor changed since its header was read")
+    # (rows, dim) -> same bits as signed ints -> numpy unsigned view; copies only if
+    # the saved tensor was not contiguous.
+    yield t.contiguous().view(TORCH_RAW[t.element_size()]).numpy().view(raw)
+
+
+def dtype_of(info: ChunkInfo) -> torch.dtype:
+    return dtype_entry(info.dtype, info.path)[0]

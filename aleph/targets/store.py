@@ -1,0 +1,139 @@
+"""Reading a target store: `open_store` and `TargetStore` (gather and scan).
+
+"streaming" maps the data file read-only (memory is page cache the kernel can drop);
+"in_ram" holds all rows in one tensor, as the a1 arm's build did (the torch.cat of
+the chunks). Both return the same rows; `gather` is what the trainer calls per batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aleph._io import sha256_json
+from aleph.errors import StoreError
+from aleph.targets.format import DTYPES, MANIFEST_FILE, TORCH_RAW, check_manifest
+
+IMPLEMENTATIONS = ("streaming", "in_ram")
+
+
+def load_manifest(store_dir: str | os.PathLike) -> dict:
+    """Read and check `manifest.json` and the data file's size against it (quick verify)."""
+    store_dir = Path(store_dir)
+    path = store_dir / MANIFEST_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StoreError(
+            f"{path}: no manifest: not a complete target store (a build that did not finish "
+            "leaves none; run the build again to resume it)"
+        ) from None
+    try:
+        manifest = check_manifest(json.loads(text), str(path))
+    except json.JSONDecodeError as e:
+        raise StoreError(f"{path}: not valid JSON ({e})") from None
+    data = store_dir / manifest["data_file"]
+    try:
+        size = data.stat().st_size
+    except FileNotFoundError:
+        raise StoreError(f"{data}: data file missing (manifest names it)") from None
+    if size != manifest["byte_length"]:
+        raise StoreError(
+            f"{data}: size {size:,} B does not match the manifest's byte_length "
+            f"{manifest['byte_length']:,} B ({manifest['rows']:,} x {manifest['dim']} {manifest['dtype']})"
+        )
+    return manifest
+
+
+def _as_indices(indices, rows: int) -> np.ndarray:
+    """Row indices as a 1-D int64 numpy array, bounds-checked."""
+    if isinstance(indices, torch.Tensor):
+        indices = indices.detach().cpu().numpy()
+    idx = np.asarray(indices)
+    if idx.ndim != 1 or idx.dtype.kind not in "iu":
+        raise IndexError(f"gather expects a 1-D integer index array, got {idx.dtype} shape {idx.shape}")
+    idx = idx.astype(np.int64, copy=False)
+    if idx.size and (idx.min() < 0 or idx.max() >= rows):
+        raise IndexError(f"gather index out of range [0, {rows}): min {idx.min()}, max {idx.max()}")
+    return idx
+
+
+class TargetStore:
+    """A complete, verified target store (rows x dim of one dtype)."""
+
+    def __init__(self, store_dir: Path, manifest: dict, implementation: str,
+                 tensor: torch.Tensor | None = None):
+        if implementation not in IMPLEMENTATIONS:
+            raise StoreError(f"implementation {implementation!r}: expected one of {IMPLEMENTATIONS}")
+        self.store_dir = Path(store_dir)
+        self.manifest = manifest
+        self.manifest_sha256 = sha256_json(manifest)
+        self.implementation = implementation
+        self.rows, self.dim = manifest["rows"], manifest["dim"]
+        self.dtype, itemsize, self._raw, _ = DTYPES[manifest["dtype"]]
+        self.byte_length = manifest["byte_length"]
+        self.path = self.store_dir / manifest["data_file"]
+        self._torch_raw = TORCH_RAW[itemsize]
+        if implementation == "in_ram":
+            self._tensor = tensor if tensor is not None else self._read_all()
+            self._mm = None
+        else:
+            self._tensor = None
+            self._mm = np.memmap(self.path, dtype=self._raw, mode="r", shape=(self.rows, self.dim))
+
+    def _read_all(self) -> torch.Tensor:
+        out = torch.empty((self.rows, self.dim), dtype=self.dtype)  # (N, D)
+        buf = memoryview(out.view(self._torch_raw).numpy()).cast("B")
+        with open(self.path, "rb") as f:
+            if f.readinto(buf) != self.byte_length:
+                raise StoreError(f"{self.path}: shorter than {self.byte_length:,} bytes")
+        return out
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def gather(self, indices, pin: bool = False) -> torch.Tensor:
+        """Rows `indices` (numpy int array or LongTensor, any order) -> (B, D) tensor.
+
+        pin=True returns page-locked memory when CUDA is available and is ignored otherwise.
+        """
+        idx = _as_indices(indices, self.rows)  # (B,)
+        pin = pin and torch.cuda.is_available()
+        out = torch.empty((idx.size, self.dim), dtype=self.dtype, pin_memory=pin)  # (B, D)
+        if self._tensor is not None:
+            torch.index_select(self._tensor, 0, torch.from_numpy(idx), out=out)
+        else:
+            # numpy gathers straight from the mapping into `out`: one copy per row.
+            # mode="clip" skips numpy's per-index check (bounds were checked above),
+            # which measured 1.5x faster than the default mode="raise".
+            np.take(self._mm, idx, axis=0, mode="clip",
+                    out=out.view(self._torch_raw).numpy().view(self._raw))
+        return out
+
+    def scan(self, batch_rows: int = 65536) -> Iterator[tuple[int, torch.Tensor]]:
+        """Sequential pass: yields (first_row, rows (b, D)) copies in order."""
+        for r0 in range(0, self.rows, batch_rows):
+            r1 = min(r0 + batch_rows, self.rows)
+            if self._tensor is not None:
+                yield r0, self._tensor[r0:r1].clone()
+            else:
+                raw = np.array(self._mm[r0:r1])  # (b, D) copy out of the mapping
+                yield r0, torch.from_numpy(raw.view(f"<i{raw.itemsize}")).view(self.dtype)
+
+    def close(self) -> None:
+        self._mm = None
+        self._tensor = None
+
+    def __repr__(self) -> str:
+        return (f"TargetStore({self.store_dir}, {self.rows:,} x {self.dim} {self.manifest['dtype']}, "
+                f"{self.implementation})")
+
+
+def open_store(store_dir: str | os.PathLike, implementation: str = "streaming") -> TargetStore:
+    """Open a complete store; StoreError when manifest, size or dtype do not match."""
+    return TargetStore(Path(store_dir), load_manifest(store_dir), implementation)

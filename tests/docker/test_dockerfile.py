@@ -1,0 +1,97 @@
+"""The Dockerfile: hadolint clean, and the build steps the E1 image depends on."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> str:
+    path = REPO / "Dockerfile"
+    if not path.exists():
+        pytest.skip("no Dockerfile in this tree (the image bakes tests/, not the build files)")
+    return path.read_text()
+
+
+def _hadolint(exe: str, path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [exe, "--no-color", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_hadolint_clean(hadolint_bin, dockerfile):
+    p = _hadolint(hadolint_bin, REPO / "Dockerfile")
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_hadolint_really_lints(hadolint_bin, tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN apt-get install curl\n")
+    p = _hadolint(hadolint_bin, bad)
+    assert p.returncode != 0 and "DL3007" in p.stdout
+
+
+def test_every_ignore_is_justified_on_its_line(dockerfile):
+    for line in dockerfile.splitlines():
+        if "hadolint ignore" in line:
+            assert re.search(r"ignore=\S+ # \w+", line), line
+
+
+def test_base_is_pinned_by_digest(dockerfile):
+    (base,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M)
+    name, _, digest = base.partition("@")
+    assert name == "nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04"
+    assert digest == "sha256:622e78a1d02c0f90ed900e3985d6c975d8e2dc9ee5e61643aed587dcf9129f42"
+
+
+def test_python_is_built_from_the_verified_tarball(dockerfile):
+    assert "ARG PYTHON_VERSION=3.11.10" in dockerfile
+    assert "07a4356e912900e61a15cb0949a06c4a05012e213ecd6b4e84d0f67aabbee372" in dockerfile
+    # The check runs before the tarball is unpacked.
+    assert dockerfile.index("sha256sum -c -") < dockerfile.index("tar -xJf")
+    assert '("3.11.10", "GCC 11.4.0")' in dockerfile
+
+
+def test_apt_comes_from_the_dated_snapshot(dockerfile):
+    assert "ARG APT_SNAPSHOT=20260807T000000Z" in dockerfile
+    assert "snapshot.ubuntu.com/ubuntu/${APT_SNAPSHOT}" in dockerfile
+    assert "ARG SOURCE_DATE_EPOCH=1786060800" in dockerfile  # 2026-08-07T00:00:00Z
+
+
+def test_dependencies_are_hash_locked_and_checked_before_the_code(dockerfile):
+    pip = "--require-hashes --no-deps --only-binary :all:"
+    assert dockerfile.count(pip) == 2
+    order = [
+        "relock.py --check-complete lockfiles/image-cu124.txt",
+        "-r lockfiles/image.txt",
+        "-r lockfiles/image-cu124.txt",
+        "pip check",
+        "COPY aleph/ aleph/",
+        "aleph/REVISION",
+        "aleph env check --strict",
+    ]
+    positions = [dockerfile.index(step) for step in order]
+    assert positions == sorted(positions)
+    assert "--mount=type=cache,target=/root/.cache/pip" in dockerfile
+
+
+def test_revision_label_env_and_user(dockerfile):
+    assert 'org.opencontainers.image.revision="${ALEPH_REVISION}"' in dockerfile
+    assert "ALEPH_IN_IMAGE=1" in dockerfile and "PYTHONPATH=/opt/aleph" in dockerfile
+    (user,) = re.findall(r"^USER (\S+)$", dockerfile, re.M)
+    assert user == "${ALEPH_UID}:${ALEPH_UID}" and "ARG ALEPH_UID=1000" in dockerfile
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/opt/aleph/docker/entrypoint.sh"]' in dockerfile
+
+
+def test_dockerignore_is_an_allow_list():
+    lines = [x for x in (REPO / ".dockerignore").read_text().splitlines() if x and x[0] != "#"]
+    assert lines[0] == "*"
+    allowed = {x[1:].rstrip("/") for x in lines if x.startswith("!")}
+    assert allowed == {"aleph", "tests", "docker", "lockfiles", "pip_freeze.txt", "pyproject.toml"}
+    assert "aleph/REVISION" in lines

@@ -1,0 +1,82 @@
+"""`aleph eval` end to end on fabricated run directories holding real tiny models."""
+
+from pathlib import Path
+
+import pytest
+from fixtures.runs import make_run, read
+
+from aleph.cli import main
+from aleph._io import sha256_file
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sts"
+
+
+def _eval(run, *extra):
+    rc = main(["eval", str(run), "--tasks", "smoke,tiny", "--tasks-dir", str(FIXTURES),
+               "--probe-rows", "512", "--probe-batch", "64", *extra])
+    assert rc == 0
+    return read(run / "eval.json")
+
+
+def _tb_scalars(tb_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_trained_beats_untrained_and_every_field_is_recorded(tmp_path, work, capsys):
+    trained = _eval(make_run(tmp_path / "t", "a1_anchored", seed=0, steps=150))
+    untrained = _eval(make_run(tmp_path / "u", "a1_anchored", seed=0, steps=0))
+    out = capsys.readouterr().out
+    assert "| run | mean | dispatch OFF | toggle |" in out and "eval.json" in out
+
+    # the smoke-trained model orders the smoke STS pairs far better than its init
+    assert trained["tasks"]["smoke"]["spearman"] > untrained["tasks"]["smoke"]["spearman"] + 0.3
+    assert trained["capability"] > untrained["capability"] + 0.2
+    assert trained["capability"] == pytest.approx(
+        (trained["tasks"]["smoke"]["spearman"] + trained["tasks"]["tiny"]["spearman"]) / 2)
+    # toggle = off - on; the experts start at zero, so untrained dispatch changes nothing
+    assert trained["toggle"] == pytest.approx(trained["capability_dispatch_off"] - trained["capability"])
+    assert untrained["toggle"] == pytest.approx(0.0, abs=1e-9)
+    assert trained["toggle"] != pytest.approx(0.0, abs=1e-6)
+
+    p, q = trained["probes"], untrained["probes"]
+    assert p["r_at_1_batch_size"] == 64 and p["rows"] == 512 and p["rows_scored_r_at_1"] == 512
+    assert p["r_at_1"] > q["r_at_1"] and p["cos_target"] > q["cos_target"] + 0.2
+    assert 1.0 < p["erank"] <= 768 and p["dim"] == 768
+    assert "held-out seed" in p["source"]
+
+    run = tmp_path / "t" / "a1_anchored-s0"
+    assert trained["weights"]["sha256"] == sha256_file(run / "weights/final/model.safetensors")
+    assert trained["weights"]["step"] == 150
+    # same tasks and probe rows -> same evaluation-data fingerprint, different weights
+    assert trained["eval_data_fingerprint"] == untrained["eval_data_fingerprint"]
+    assert trained["weights"]["sha256"] != untrained["weights"]["sha256"]
+    assert trained["tasks"]["tiny"]["pairs"] == 12 and trained["tasks"]["tiny"]["source"] == "file:tiny.tsv"
+
+    scalars = _tb_scalars(run / "tb")
+    assert scalars["eval/capability"] == [pytest.approx(trained["capability"])]
+    assert scalars["eval/toggle"] == [pytest.approx(trained["toggle"])]
+    assert scalars["eval/r_at_1_b64"] == [pytest.approx(p["r_at_1"])]
+    assert {"eval/sts/smoke", "eval/sts/tiny", "eval/erank", "eval/cos_target", "train/loss"} <= set(scalars)
+
+
+def test_dense_arm_has_no_dispatch_column(tmp_path, work):
+    ev = _eval(make_run(tmp_path, "a2_dense", seed=0, steps=0), "--no-probes")
+    assert ev["has_bank"] is False and ev["toggle"] is None and ev["capability_dispatch_off"] is None
+    assert ev["probes"] is None
+    assert ev["tasks"]["smoke"]["spearman_dispatch_off"] is None
+
+
+def test_eval_errors_name_what_is_wrong(tmp_path, work, capsys):
+    assert main(["eval", str(tmp_path / "nope")]) == 2
+    assert "nope: not a run directory" in capsys.readouterr().err
+    run = make_run(tmp_path, "a2_dense", seed=0, steps=0, train_scalars=False)
+    assert main(["eval", str(run), "--tasks", "sts99"]) == 2
+    assert "unknown STS task 'sts99'" in capsys.readouterr().err
+    (run / "config.json").write_text("{not json")
+    assert main(["eval", str(run), "--tasks", "smoke"]) == 2
+    assert "config.json: not valid JSON" in capsys.readouterr().err
+    assert not (run / "eval.json").exists()

@@ -1,0 +1,67 @@
+"""`aleph targets build|verify|plan|info` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from targets_helpers import save_chunk, store_bytes
+
+from aleph.cli import main
+from aleph.cli.targets import expand_sources
+
+
+def test_directory_sources_in_natural_order(tmp_path):
+    for i in (10, 2, 1):
+        save_chunk(torch.full((2, 4), float(i), dtype=torch.float16), tmp_path / f"c_{i}.npy")
+    (tmp_path / "notes.txt").write_text("ignored")
+    assert [p.rsplit("/", 1)[1] for p in expand_sources([str(tmp_path)])] == ["c_1.npy", "c_2.npy", "c_10.npy"]
+
+
+def test_build_info_verify_roundtrip(make_chunks, tmp_path, work, capsys):
+    paths, ref = make_chunks(rows=(12, 9))
+    assert main(["targets", "build", str(paths[0].parent)]) == 0
+    out = capsys.readouterr().out
+    store_dir = out.split(":")[0]
+    assert store_dir.startswith(str(work / "cache" / "targets"))
+    assert "21 x 8 float16" in out and "built by streaming" in out
+    assert store_bytes(store_dir) == ref.numpy().tobytes()
+    assert main(["targets", "info", store_dir]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["rows"] == 21 and len(info["manifest_sha256"]) == 64
+    assert main(["targets", "verify", store_dir, "--full"]) == 0
+    assert "OK, full" in capsys.readouterr().out
+    with open(f"{store_dir}/targets.bin", "r+b") as f:
+        f.write(b"\x00\x01")
+    assert main(["targets", "verify", store_dir]) == 0
+    assert main(["targets", "verify", store_dir, "--full"]) == 2
+    assert "chunk 0 (store rows 0..12" in capsys.readouterr().err
+
+
+def test_plan_reads_the_cgroup_and_exit_code(make_chunks, tmp_path, capsys):
+    paths, _ = make_chunks(rows=(50, 50), dim=16)  # 3,200 B store in two 1,600 B chunks
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "cgroup.controllers").write_text("memory\n")
+    (cg / "memory.max").write_text("5000\n")
+    assert main(["targets", "plan", *map(str, paths), "--cgroup-root", str(cg), "--headroom", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "memory quota: 5,000 B" in out and "in_ram    predicted peak 6,400 B" in out
+    assert "streaming predicted peak 3,200 B (0.00 GiB): fits" in out
+    assert "REFUSED" in out and "choice: streaming" in out
+    assert main(["targets", "plan", *map(str, paths), "--quota", "100", "--headroom", "0"]) == 1
+
+
+def test_build_in_ram_refused_by_quota(make_chunks, tmp_path, capsys):
+    paths, _ = make_chunks(rows=(100,), dim=16)
+    rc = main(["targets", "build", *map(str, paths), "--out", str(tmp_path / "s"),
+               "--implementation", "in_ram", "--quota", "5000", "--headroom", "0"])
+    assert rc == 2
+    assert "'in_ram' refused: " in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+
+
+def test_bad_input_exit_code_names_the_file(tmp_path, capsys):
+    (tmp_path / "bad.pt").write_bytes(b"junk")
+    assert main(["targets", "build", str(tmp_path / "bad.pt"), "--out", str(tmp_path / "s")]) == 2
+    assert "bad.pt: unreadable .pt" in capsys.readouterr().err

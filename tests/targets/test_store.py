@@ -1,0 +1,82 @@
+"""Reading: gather, scan, open-time checks, and verify (quick and full)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from aleph.errors import StoreError
+from aleph.targets import build_store, open_store, verify_store
+
+
+@pytest.fixture
+def built(make_chunks, tmp_path):
+    paths, ref = make_chunks(rows=(50, 30, 20))
+    build_store(paths, tmp_path / "s")
+    return tmp_path / "s", ref
+
+
+@pytest.mark.parametrize("impl", ["streaming", "in_ram"])
+def test_gather_any_order_numpy_or_torch(built, impl):
+    d, ref = built
+    store = open_store(d, impl)
+    idx = np.array([99, 0, 42, 42, 7])
+    assert torch.equal(store.gather(idx), ref[idx])
+    assert torch.equal(store.gather(torch.tensor([3, 98])), ref[[3, 98]])
+    out = store.gather(idx, pin=True)  # no CUDA here: pin is ignored without error
+    assert torch.equal(out, ref[idx]) and out.dtype == torch.float16 and out.shape == (5, 8)
+    assert store.gather(np.array([], dtype=np.int64)).shape == (0, 8)
+    with pytest.raises(IndexError, match=r"out of range \[0, 100\)"):
+        store.gather([100])
+    with pytest.raises(IndexError, match="1-D integer"):
+        store.gather(np.array([0.5]))
+
+
+@pytest.mark.parametrize("impl", ["streaming", "in_ram"])
+def test_scan_covers_every_row_in_order(built, impl):
+    d, ref = built
+    batches = list(open_store(d, impl).scan(batch_rows=32))
+    assert [r0 for r0, _ in batches] == [0, 32, 64, 96]
+    assert torch.equal(torch.cat([b for _, b in batches]), ref)
+
+
+def test_open_rejects_size_dtype_and_missing_manifest(built):
+    d, _ = built
+    manifest = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps({**manifest, "dtype": "float32"}))
+    with pytest.raises(StoreError, match=r"byte_length 1,600 does not equal rows 100 x dim 8 x 4 B"):
+        open_store(d)
+    fixed = {**manifest, "dtype": "float32", "byte_length": 3200}
+    (d / "manifest.json").write_text(json.dumps(fixed))
+    with pytest.raises(StoreError, match=r"targets\.bin: size 1,600 B does not match .* 3,200 B"):
+        open_store(d)
+    (d / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    with pytest.raises(StoreError, match="v99"):
+        open_store(d)
+    (d / "manifest.json").unlink()
+    with pytest.raises(StoreError, match="no manifest: not a complete target store"):
+        open_store(d)
+
+
+def test_truncated_store_file_is_refused(built):
+    d, _ = built
+    with open(d / "targets.bin", "r+b") as f:
+        f.truncate(1598)
+    with pytest.raises(StoreError, match="size 1,598 B"):
+        verify_store(d)
+
+
+def test_verify_full_detects_an_edited_byte(built):
+    d, _ = built
+    assert verify_store(d, full=True)["ok"]
+    with open(d / "targets.bin", "r+b") as f:
+        f.seek(60 * 16 + 3)  # row 60: inside chunk 1 (rows 50..80)
+        byte = f.read(1)
+        f.seek(60 * 16 + 3)
+        f.write(bytes([byte[0] ^ 1]))
+    assert verify_store(d)["ok"]  # quick: size and manifest still agree
+    with pytest.raises(StoreError, match=r"(?s)1 chunk range\(s\) differ.*chunk 1 \(store rows 50..80"):
+        verify_store(d, full=True)

@@ -1,0 +1,89 @@
+"""Helpers for trainer tests: real `python -m aleph train` subprocesses on tiny smoke data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_ROWS = 1024
+# A tiny, quick, bitwise-repeatable config: 1024 rows / batch 32 = 32 steps per epoch.
+TINY = ["--preset", "smoke", "--set", f"smoke_rows={SMOKE_ROWS}", "--set", "batch_size=32",
+        "--set", "epochs=1", "--set", "warmup_steps=3", "--set", "log_every_steps=1",
+        "--set", "weights_every_steps=0", "--set", "num_threads=1"]
+
+
+@pytest.fixture(scope="session")
+def smoke_data_dir(tmp_path_factory) -> Path:
+    """Smoke data generated once per session; tests copy it into their own work root."""
+    from aleph.data.smoke import ensure_smoke_data
+
+    root = tmp_path_factory.mktemp("smoke-cache") / "smoke"
+    ensure_smoke_data(root, rows=SMOKE_ROWS)
+    return root
+
+
+@pytest.fixture
+def train_work(work, smoke_data_dir) -> Path:
+    shutil.copytree(smoke_data_dir, work / "data" / "smoke")
+    return work
+
+
+def child_env(work: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, ALEPH_WORK=str(work), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.pop("ALEPH_TRAIN_PAUSE_AFTER_STEP", None)
+    env.update(extra)
+    return env
+
+
+def train_cmd(arm: str = "a2_dense", seed: int = 1, *sets: str) -> list[str]:
+    cmd = [sys.executable, "-m", "aleph", "train", "--arm", arm, "--seed", str(seed), *TINY]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def run_train(work: Path, cmd: list[str], timeout: float = 240, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=REPO, env=child_env(work, **env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_train(work: Path, cmd: list[str], **env) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, env=child_env(work, **env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_log(run_dir: Path, text: str, proc: subprocess.Popen, timeout: float = 180) -> Path:
+    """Wait until a launch log in run_dir contains `text`; fail early if proc exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for log in sorted((run_dir / "launches").glob("*.log")) if (run_dir / "launches").is_dir() else []:
+            if text in log.read_text():
+                return log
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            pytest.fail(f"trainer exited ({proc.returncode}) before logging {text!r}:\n{out[-3000:]}")
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"timed out waiting for {text!r} in {run_dir}/launches")
+
+
+def final_weights(run_dir: Path) -> dict:
+    import safetensors.torch
+
+    return safetensors.torch.load_file(str(run_dir / "weights" / "final" / "model.safetensors"))
+
+
+def tb_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series under tb/, read back with TensorBoard's own EventAccumulator."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

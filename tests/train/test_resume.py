@@ -1,0 +1,95 @@
+"""Resume: SIGKILL mid-run and SIGTERM both resume to bitwise the same weights as a clean run."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+
+from tests.train.conftest import (final_weights, run_train, start_train, tb_scalars, train_cmd,
+                                  wait_for_log)
+
+# 12 steps, resume state every 3: a kill after step 5 loses steps 4-5, which are redone.
+SETS = ("max_steps=12", "ckpt_every_steps=3")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, smoke_data_dir):
+    """An uninterrupted run of the same config, in its own work root."""
+    import shutil
+
+    work = tmp_path_factory.mktemp("ref") / "work"
+    shutil.copytree(smoke_data_dir, work / "data" / "smoke")
+    proc = run_train(work, train_cmd("a1_anchored", 3, *SETS))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = work / "runs" / "a1_anchored-s3"
+    return final_weights(run_dir), tb_scalars(run_dir)
+
+
+def _assert_bitwise(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"tensor {k} differs after resume"
+
+
+def test_sigkill_then_resume_is_bitwise_identical(train_work, reference):
+    run_dir = train_work / "runs" / "a1_anchored-s3"
+    proc = start_train(train_work, train_cmd("a1_anchored", 3, *SETS), ALEPH_TRAIN_PAUSE_AFTER_STEP="5")
+    wait_for_log(run_dir, "paused after step 5", proc)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(30) == -signal.SIGKILL
+    assert not (run_dir / "weights" / "final").exists()
+
+    again = run_train(train_work, train_cmd("a1_anchored", 3, *SETS))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resume: step 3, samples seen 96, from checkpoints/step-00000003" in again.stdout
+    _assert_bitwise(final_weights(run_dir), reference[0])
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    statuses = [(x["status"], x["exit_status"]) for x in manifest["launches"]]
+    assert statuses == [("lost", None), ("complete", 0)]
+    assert len(list((run_dir / "launches").glob("*.log"))) == 2
+    # TensorBoard drops the killed launch's steps 4-5 (purge_step) and keeps one value per step.
+    losses = tb_scalars(run_dir)["train/loss"]
+    assert [s for s, _ in losses] == list(range(1, 13))
+    ref = dict(reference[1]["train/loss"])
+    assert all(v == ref[s] for s, v in losses)
+
+
+def test_sigterm_saves_at_that_step_exits_0_and_resumes(train_work, reference):
+    run_dir = train_work / "runs" / "a1_anchored-s3"
+    proc = start_train(train_work, train_cmd("a1_anchored", 3, *SETS), ALEPH_TRAIN_PAUSE_AFTER_STEP="4")
+    wait_for_log(run_dir, "paused after step 4", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopped by SIGTERM after step 4" in out
+    state = run_dir / "checkpoints" / "step-00000004"
+    assert (state / "COMPLETE").is_file()
+    meta = json.loads((state / "meta.json").read_text())
+    assert (meta["step"], meta["samples_seen"], meta["epoch"], meta["batch_in_epoch"]) == (4, 128, 0, 4)
+    launch = json.loads((run_dir / "manifest.json").read_text())["launches"][-1]
+    assert (launch["status"], launch["exit_status"]) == ("stopped", 0)
+
+    again = run_train(train_work, train_cmd("a1_anchored", 3, *SETS))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resume: step 4, samples seen 128" in again.stdout
+    _assert_bitwise(final_weights(run_dir), reference[0])
+    # keep at least two complete states; the newest is the final step
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert kept == ["step-00000009", "step-00000012"]
+
+
+def test_changed_config_is_refused_without_touching_the_run(train_work):
+    run_dir = train_work / "runs" / "a2_dense-s1"
+    first = run_train(train_work, train_cmd("a2_dense", 1, "max_steps=2"))
+    assert first.returncode == 0, first.stderr
+    before = (run_dir / "config.json").read_bytes()
+    second = run_train(train_work, train_cmd("a2_dense", 1, "max_steps=2", "lr=0.01"))
+    assert second.returncode == 2
+    assert "lr: run has 0.002, launch asks 0.01" in second.stderr
+    assert (run_dir / "config.json").read_bytes() == before
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert [x["status"] for x in manifest["launches"]] == ["complete"]
