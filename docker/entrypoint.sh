@@ -6,7 +6,7 @@ set -eu
 
 work="${ALEPH_WORK:-/work}"
 # A bind-mounted work root owned by another uid fails later, deep inside a run; say so now.
-if [ -d "$work" ] && [ ! -w "$work" ]; then
+if ! mkdir -p "$work" 2>/dev/null || [ ! -w "$work" ]; then
     echo "entrypoint: work root $work is not writable by uid $(id -u);" \
         "chown it to $(id -u):$(id -g) on the host or use the named volume (docs/docker.md)" >&2
     exit 73

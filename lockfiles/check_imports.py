@@ -7,8 +7,8 @@ Run it with the interpreter of the environment to check (the host .venv, or the 
 With --freeze, every distribution named in that file must be installed and is checked;
 without it, every installed distribution is. A module counts as importable when
 `python -c "import <module>"` exits 0 within the timeout. Modules listed in SKIP are not
-imported, each for the reason given; a distribution that ships no importable module at all
-is reported as such (never silently passed). Exit status 1 when any import fails.
+imported, each for the reason given; a distribution without any module is reported as
+"shared libraries only" when it ships .so files and fails otherwise (never silently passed). Exit status 1 when any import fails.
 """
 
 from __future__ import annotations
@@ -26,13 +26,6 @@ SKIP = {
     "__editable__": "setuptools editable-install shim, not a module",
     "_distutils_hack": "setuptools import hook, installed by setuptools itself",
     "pythonwin": "Windows only",
-}
-# Distributions that ship no Python module by design (binaries or data only).
-NO_MODULE = {
-    "nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-cupti-cu12",
-    "nvidia-nvtx-cu12", "nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-cufft-cu12",
-    "nvidia-curand-cu12", "nvidia-cusolver-cu12", "nvidia-cusparse-cu12",
-    "nvidia-nccl-cu12", "nvidia-nvjitlink-cu12",
 }
 TIMEOUT_S = 120
 
@@ -55,15 +48,12 @@ def top_level_modules(dist: md.Distribution) -> list[str]:
             elif head.endswith(".so"):
                 names.add(head.split(".")[0])
         elif f.name == "__init__.py":
-            pkg = parts[:-1]
-            # The shallowest package: a namespace parent (no __init__.py, e.g. google/)
-            # is not itself a module, so google/protobuf/__init__.py yields google.protobuf.
+            # The shallowest regular package on the path: below a namespace directory
+            # (no __init__.py, e.g. google/) that is google.protobuf; below a regular
+            # package it is that package (its inner directories import through it).
             inits = {g.parts[:-1] for g in dist.files if g.name == "__init__.py"}
-            while len(pkg) > 1 and pkg[:-1] in inits:
-                pkg = pkg[:-1]
-            names.add(".".join(pkg))
-    if dist.metadata["Name"] and norm(dist.metadata["Name"]) == "nvidia-ml-py":
-        names.discard("example")  # an example script, not a module of the package
+            depth = next(i for i in range(1, len(parts)) if parts[:i] in inits)
+            names.add(".".join(parts[:depth]))
     return sorted(n for n in names
                   if all(p.isidentifier() for p in n.split(".")) and n not in SKIP)
 
@@ -90,10 +80,12 @@ def main() -> int:
     failures = 0
     for name, dist in sorted(wanted(args.freeze).items()):
         mods = top_level_modules(dist)
+        if not mods and any(".so" in f.name for f in dist.files or []):
+            # e.g. nvidia-nvjitlink-cu12 12.9: a namespace directory of .so files that
+            # torch loads by path; there is nothing to import.
+            print(f"--   {name}: shared libraries only, no module to import")
+            continue
         if not mods:
-            if name in NO_MODULE:
-                print(f"--   {name}: ships shared libraries only (no module)")
-                continue
             print(f"FAIL {name}: no importable top-level module found")
             failures += 1
             continue

@@ -260,8 +260,11 @@ def regenerate() -> None:
     image = {n: v for n, v in image.items() if n not in FREEZE_OMITS}
     host = {n: v for n, v in host.items() if n not in FREEZE_OMITS}
     host_entries, names = hashed(host)
-    image_entries, img_names = hashed(image, skip=set(TORCH_TRIO))
-    names.update(img_names)
+    # Only the nvidia pins differ (resolve() checked): hash those, reuse the rest.
+    nv_entries, nv_names = hashed({n: v for n, v in image.items() if n.startswith("nvidia-")})
+    image_entries = nv_entries + [e for e in host_entries if not norm(e.name).startswith(
+        "nvidia-") and norm(e.name) not in TORCH_TRIO]
+    names.update(nv_names)
     freeze = {names[n]: v + (CU124_LOCAL if n in TORCH_TRIO else "") for n, v in image.items()}
     lines = [f"{n}=={freeze[n]}\n" for n in sorted(freeze, key=str.lower)]
     atomic_write(ROOT / "pip_freeze.txt", "".join(lines))

@@ -6,12 +6,17 @@
   tokenizer/              a WordPiece tokenizer loadable with transformers' AutoTokenizer
   smoke.json              manifest, written last: arguments, rows, chunk rows, file sha256s
 A second call with the same arguments finds the manifest and files intact and reuses them.
+The manifest's file hashes are checked on every call (a few MB), so a damaged set is rebuilt.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
+import os
 import random
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +27,7 @@ from aleph._io import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    fsync_dir,
     read_json,
     sha256_file,
 )
@@ -91,21 +97,41 @@ def _files(root: Path) -> tuple[Path, list[Path], Path]:
 
 
 def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> SmokeData:
-    """Write the smoke data set into `root` unless an intact copy for (rows, seed) is there."""
+    """Write the smoke data set into `root` unless an intact copy for (rows, seed) is there.
+
+    `root` holds one set: other arguments rebuild it. Concurrent callers (several arms
+    launched at once) serialise on a lock file beside `root`; the set is staged in a
+    temporary sibling directory and swapped in, so `root` is never half written.
+    """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 2:
         raise DataError(f"smoke rows: expected an integer >= 2, got {rows!r}")
-    root = Path(root)
-    if not _manifest_ok(root, rows, seed):
-        _write(root, rows, seed)
-    captions, chunks, tok = _files(root)
+    root = Path(root).absolute()
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not _manifest_ok(root, rows, seed):
+            stage = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+            try:
+                _write(stage, rows, seed)
+                _swap_in(stage, root)
+            finally:
+                shutil.rmtree(stage, ignore_errors=True)
+        captions, chunks, tok = _files(root)
     return SmokeData(captions=captions, target_chunks=chunks, tokenizer_dir=tok, rows=rows)
+
+
+def _swap_in(stage: Path, root: Path) -> None:
+    """Replace `root` by `stage` (a rename cannot replace a non-empty directory: two steps)."""
+    if root.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old.", dir=root.parent))
+        os.replace(root, old / "set")
+        shutil.rmtree(old)
+    os.replace(stage, root)
+    fsync_dir(root.parent)
 
 
 def _write(root: Path, rows: int, seed: int) -> None:
     captions, targets = generate(rows, seed)
-    (root / "smoke.json").unlink(missing_ok=True)  # invalidate first: manifest is the marker
-    for old in (root / "targets").glob("chunk-*.pt") if (root / "targets").is_dir() else ():
-        old.unlink()
     atomic_write_text(root / "captions.txt", "\n".join(captions) + "\n")
     chunk_rows = []
     for i, start in enumerate(range(0, rows, CHUNK_ROWS)):

@@ -21,13 +21,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aleph._io import atomic_write_json, fsync_dir, read_json, sha256_file
+from aleph._io import atomic_write_json, fsync_dir, read_json, sha256_file, sha256_json, work_root
 from aleph.data.tokenizer import tokenizer_fingerprint
 from aleph.errors import DataError, StoreError
 
 FORMAT = "aleph-token-store"
 VERSION = 1
 BATCH = 8192  # captions tokenised per call; the only encodings held in memory at once
+
+
+def token_store_dir(captions_sha: str, tok_fp: str, max_len: int, root: Path | None = None) -> Path:
+    """The cache directory of a token store: <work root>/cache/tokens/<16 hex of the key>."""
+    key = sha256_json({"captions": captions_sha, "tokenizer": tok_fp, "max_len": int(max_len)})
+    return (root if root is not None else work_root()) / "cache" / "tokens" / key[:16]
 
 
 def captions_sha256(captions: Sequence[str]) -> str:
@@ -80,27 +86,39 @@ def build_token_store(captions: Sequence[str], tokenizer, out_dir: str | Path,
         raise DataError("no captions to tokenise")
     want = {"captions_sha256": captions_sha256(captions),
             "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer), "max_len": int(max_len)}
-    if out_dir.exists():
-        store = open_token_store(out_dir)
-        diff = sorted(k for k, v in want.items() if store.manifest.get(k) != v)
-        if diff:
-            raise StoreError(f"token store {out_dir} was built from different {diff}; "
-                             "remove it or choose another directory")
-        return store
+    if not out_dir.exists():
+        _build(out_dir, captions, tokenizer, want, batch)
+    store = open_token_store(out_dir)
+    diff = sorted(k for k, v in want.items() if store.manifest.get(k) != v)
+    if diff:
+        raise StoreError(f"token store {out_dir} was built from different {diff}; "
+                         "remove it or choose another directory")
+    return store
+
+
+def _build(out_dir: Path, captions: Sequence[str], tokenizer, want: dict, batch: int) -> None:
+    """Write the store in a temporary sibling, then rename it to `out_dir`.
+
+    Two builders of the same store (runs launched together) both write; the second
+    rename fails because `out_dir` exists, and that builder uses the winner's store.
+    """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        _write_arrays(tmp, captions, tokenizer, int(max_len), batch)
+        _write_arrays(tmp, captions, tokenizer, want["max_len"], batch)
         atomic_write_json(tmp / "manifest.json", {
             "format": FORMAT, "version": VERSION, "rows": len(captions),
             "pad_id": int(tokenizer.pad_token_id), **want,
             "files": {n: sha256_file(tmp / n) for n in ("ids.npy", "lengths.npy")}})
-        os.replace(tmp, out_dir)
-    except BaseException:
+        try:
+            os.rename(tmp, out_dir)  # fails if out_dir appeared meanwhile (another builder)
+        except OSError:
+            if not (out_dir / "manifest.json").is_file():
+                raise
+        else:
+            fsync_dir(out_dir.parent)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(out_dir.parent)
-    return open_token_store(out_dir)
 
 
 def _write_arrays(tmp: Path, captions: Sequence[str], tokenizer, max_len: int, batch: int) -> None:

@@ -47,13 +47,13 @@ def _envelope(cgroup_root: Path) -> dict:
     }
 
 
-def _software(runtime: dict, packages: dict[str, str], gpu: dict, etc: Path) -> dict:
+def _software(runtime: dict, packages: dict[str, str], gpu: dict, etc: Path, proc: Path) -> dict:
     return {
         **runtime,
         "packages": {label: packages.get(dist) for label, dist in PACKAGE_ROWS},
         "driver": gpu["driver"],
         "os": hostinfo.os_release(etc),
-        "kernel": platform.release(),
+        "kernel": hostinfo.kernel_release(proc) or platform.release(),
     }
 
 
@@ -81,7 +81,7 @@ def gather(
     return {
         "schema": SCHEMA,
         "captured_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "software": _software(runtime, packages, gpu, etc),
+        "software": _software(runtime, packages, gpu, etc, proc),
         "freeze": freeze_lines(packages),
         "freeze_sha256": freeze_sha256(packages),
         "hardware": {

@@ -3,8 +3,8 @@
 Expected sets, all read from the source tree the code runs from:
 - image: `pip_freeze.txt` plus the seed's software table (`aleph.env.seed`): Python
   3.11.10 built with GCC 11.4.0, torch 2.4.1+cu124, CUDA 12.4, cuDNN 90100, triton 3.0.0;
-- host: `lockfiles/host.txt` + `lockfiles/dev.txt` on any CPython 3.11 (the dev/test
-  venv: PyPI torch 2.4.1, CUDA 12.1 build).
+- host: `lockfiles/host.txt` + `dev.txt` + `dev-sdist.txt` on any CPython 3.11 (the
+  dev/test venv made by ./aleph-dev: PyPI torch 2.4.1, CUDA 12.1 build).
 Non-strict, a known variant passes and is named; strict compares against the image
 only, so the image build and `docker compose run tests` fail on any difference.
 `compare()` takes every live fact as a parameter so tests doctor an environment
@@ -29,6 +29,7 @@ from aleph.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST_PYTHON = "3.11"  # the host variant accepts any 3.11.x interpreter
+DEV_LOCKS = ("dev.txt", "dev-sdist.txt")  # what ./aleph-dev installs beside host.txt
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class CheckResult:
     strict: bool
     drifts: list[Drift] = field(default_factory=list)
     image_drift_count: int = 0  # differences from the image, shown only under --strict
+    reference: str = "image"  # the variant `drifts` are listed against
 
     @property
     def ok(self) -> bool:
@@ -58,17 +60,25 @@ class CheckResult:
 
 
 def load_pins(root: str | Path = REPO_ROOT) -> Pins:
-    """Read the freeze (required) and the host + dev locks (optional, both or neither)."""
+    """Read the freeze (required) and the host variant: host.txt plus the dev locks.
+
+    The host variant exists only when lockfiles/host.txt does; its dev locks (dev.txt,
+    and dev-sdist.txt for the tools built from source) are added when present.
+    """
     root = Path(root)
     image = parse_pins(root / "pip_freeze.txt")
-    host_path, dev_path = root / "lockfiles" / "host.txt", root / "lockfiles" / "dev.txt"
+    host_path = root / "lockfiles" / "host.txt"
     if not host_path.exists():
         return Pins(image, None)
     host = parse_pins(host_path)
-    for name, version in parse_pins(dev_path).items():
-        if host.get(name, version) != version:
-            raise ConfigError(f"{dev_path}: {name}=={version} contradicts {host_path}")
-        host[name] = version
+    for name in DEV_LOCKS:
+        dev_path = root / "lockfiles" / name
+        if not dev_path.exists():
+            continue
+        for pkg, version in parse_pins(dev_path).items():
+            if host.get(pkg, version) != version:
+                raise ConfigError(f"{dev_path}: {pkg}=={version} contradicts {host.get(pkg)}")
+            host[pkg] = version
     return Pins(image, host)
 
 
@@ -121,8 +131,9 @@ def compare(installed: dict[str, str], facts: dict, pins: Pins, strict: bool) ->
     if vs_host == []:
         return CheckResult("host", False, [], len(vs_image))
     # Report against the nearer known variant so the table is the useful one.
-    nearest = vs_host if vs_host is not None and len(vs_host) < len(vs_image) else vs_image
-    return CheckResult("drifted", False, nearest, len(vs_image))
+    if vs_host is not None and len(vs_host) < len(vs_image):
+        return CheckResult("drifted", False, vs_host, len(vs_image), reference="host")
+    return CheckResult("drifted", False, vs_image, len(vs_image))
 
 
 def check_environment(strict: bool = False, root: str | Path = REPO_ROOT) -> CheckResult:
@@ -168,8 +179,11 @@ def verdict(result: CheckResult) -> str:
         return "verdict: image: matches pip_freeze.txt and the seed table exactly"
     if result.variant == "host":
         return (
-            "verdict: host variant (lockfiles/host.txt + dev.txt); "
+            "verdict: host variant (lockfiles/host.txt + dev locks); "
             f"{result.image_drift_count} differences from the image not shown (use --strict)"
         )
-    mode = "strict, against the image" if result.strict else "no known variant matches"
+    if result.strict:
+        mode = "strict, against the image"
+    else:
+        mode = f"no known variant matches; listed against the {result.reference}"
     return f"verdict: DRIFTED ({mode}): {len(result.drifts)} differences"

@@ -102,6 +102,11 @@ def numa_nodes(cpus: set[int], sys_root: Path = Path("/sys")) -> list[int] | Non
     return nodes
 
 
+def kernel_release(proc: Path = Path("/proc")) -> str | None:
+    text = _read(proc / "sys" / "kernel" / "osrelease")
+    return text.strip() if text else None
+
+
 def os_release(etc: Path = Path("/etc")) -> str | None:
     for line in (_read(etc / "os-release") or "").splitlines():
         if line.startswith("PRETTY_NAME="):

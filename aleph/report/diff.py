@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aleph.eval import rundir
-from aleph.report import launches
+from aleph.report import launches, store_diff
 from aleph.report.gitdiff import CodeDiff, diff_revisions
 
 LEVELS = ("same", "info", "caveat", "blocker")
@@ -66,6 +66,10 @@ ENV_BLOCKING = ("torch", "cuda", "cudnn", "triton")
 ENV_CAVEAT = ("compiler", "driver", "variant")
 
 
+def _v(value) -> str:
+    return "not present" if value is None else str(value)
+
+
 def _minor(version) -> str:
     return ".".join(str(version).split(".")[:2])
 
@@ -81,10 +85,10 @@ def compare_environment(d: RunDiff, ea: dict, eb: dict) -> None:
         d.add(s, "caveat", f"Python patch level differs: {pa} vs {pb}")
     for key in ENV_BLOCKING:
         va, vb = ea.get(key), eb.get(key)
-        d.add(s, "same" if va == vb else "blocker", f"{key} {va}" if va == vb else f"{key} {va} vs {vb}")
+        d.add(s, "same" if va == vb else "blocker", f"{key} {_v(va)}" if va == vb else f"{key} {_v(va)} vs {_v(vb)}")
     for key in ENV_CAVEAT:
         va, vb = ea.get(key), eb.get(key)
-        d.add(s, "same" if va == vb else "caveat", f"{key} {va}" if va == vb else f"{key} {va} vs {vb}")
+        d.add(s, "same" if va == vb else "caveat", f"{key} {_v(va)}" if va == vb else f"{key} {_v(va)} vs {_v(vb)}")
     _compare_gpus(d, ea.get("gpus") or [], eb.get("gpus") or [])
     _compare_packages(d, ea, eb)
 
@@ -137,6 +141,10 @@ def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None) -> None:
         if str(rev).endswith("-dirty"):
             d.add(s, "caveat", f"{who} ran from a modified working tree ({rev}): its exact source has no revision")
     clean = [str(r).removesuffix("-dirty") for r in (ra, rb)]
+    if clean[0] == clean[1]:
+        d.add(s, "info", f"same base revision {clean[0][:12]}: the difference is in uncommitted "
+              "changes, which no checkout holds (compare the source hashes)")
+        return
     cd = diff_revisions(repo, *clean) if repo is not None else None
     if cd is None:
         d.add(s, "info", "hunks not shown: both revisions are not available in a git checkout"
@@ -193,32 +201,6 @@ def compare_config(d: RunDiff, ca: dict, cb: dict) -> None:
         d.add(s, "same", f"{len(fa)} fields identical apart from the experiment variables")
 
 
-# --- target store -------------------------------------------------------------------------
-
-def compare_targets(d: RunDiff, ta: dict, tb: dict) -> None:
-    s = "targets"
-    shape_a = tuple(ta.get(k) for k in ("rows", "dim", "dtype", "byte_length"))
-    shape_b = tuple(tb.get(k) for k in ("rows", "dim", "dtype", "byte_length"))
-    ia, ib = ta.get("implementation"), tb.get("implementation")
-    same_manifest = ta.get("manifest_sha256") is not None and ta.get("manifest_sha256") == tb.get("manifest_sha256")
-    same_sources = ta.get("source_fingerprint") is not None and ta.get("source_fingerprint") == tb.get("source_fingerprint")
-    size = f"{shape_a[0]:,} x {shape_a[1]} {shape_a[2]}, {shape_a[3]:,} B" if None not in shape_a else "size unknown"
-    if shape_a != shape_b:
-        d.add(s, "blocker", f"target stores differ in size: {shape_a} vs {shape_b}")
-        return
-    if not (same_manifest or same_sources):
-        d.add(s, "blocker", f"target stores have different manifests "
-              f"({str(ta.get('manifest_sha256'))[:12]} vs {str(tb.get('manifest_sha256'))[:12]}): "
-              "different target contents")
-        return
-    why = "identical store manifest" if same_manifest else "same source fingerprint"
-    if ia == ib:
-        d.add(s, "same", f"same targets ({why}; {size}), both held by the {ia} store")
-    else:
-        d.add(s, "caveat", f"same content, different holding: A consumed targets through the "
-              f"{ia} store, B through the {ib} store; contents byte-identical ({why}; {size})")
-
-
 # --- top level ----------------------------------------------------------------------------
 
 def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) -> RunDiff:
@@ -233,7 +215,9 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
                         rundir.field(mb, "environment", src_b, kind=dict))
     compare_code(d, rundir.manifest_code(ma), rundir.manifest_code(mb), repo)
     compare_config(d, ca, cb)
-    compare_targets(d, rundir.manifest_targets(ma, src_a), rundir.manifest_targets(mb, src_b))
+    for level, text in store_diff.compare_targets(rundir.manifest_targets(ma, src_a),
+                                                  rundir.manifest_targets(mb, src_b)):
+        d.add("targets", level, text)
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         for level, text in launches.check_launches(run, m):
             d.add("launches", level, f"{who}: {text}")

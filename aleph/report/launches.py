@@ -12,14 +12,15 @@ from __future__ import annotations
 import datetime as _dt
 from pathlib import Path
 
-# The header is the launch's first lines; each item must appear in one of them.
+# The header is among the launch's first lines (aleph.train.session.Session.header);
+# each item is a message that starts with its marker. Lines read `[<tag>] <UTC> <message>`.
 HEADER_LINES = 12
 HEADER_MARKERS = {
-    "launch id": "launch ",
-    "allocator cap": "allocator cap",
-    "VRAM probe": "vram probe",
-    "config echo": "config ",
-    "resume line": "resume",
+    "launch id": "launch {launch_id}",
+    "allocator cap": "allocator cap:",
+    "VRAM probe": "VRAM probe:",
+    "config echo": "config:",
+    "resume line": "resume:",
 }
 
 
@@ -41,6 +42,12 @@ def _duration(seconds: float) -> str:
     return f"{h}h{rest // 60:02d}m{rest % 60:02d}s"
 
 
+def _message(line: str) -> str:
+    """The message of a tagged log line: what follows `[<tag>] <UTC timestamp> `."""
+    parts = line.rstrip("\n").split(" ", 2)
+    return parts[2] if len(parts) == 3 else ""
+
+
 def header_problem(log: Path, launch_id: str) -> str | None:
     """None when `log` starts with `launch_id`'s header, else what is wrong."""
     if not log.is_file():
@@ -50,11 +57,12 @@ def header_problem(log: Path, launch_id: str) -> str | None:
     head = [line for line in head if line]
     if not head:
         return f"log {log.name} is empty"
-    if f"[{launch_id}" not in head[0]:
+    if not head[0].startswith(f"[{launch_id}"):
         return (f"log {log.name} does not start with this launch's lines (first line: "
                 f"{head[0].strip()[:80]!r}): its preamble has no witness")
-    own = [line.lower() for line in head if f"[{launch_id}" in line]
-    missing = [name for name, marker in HEADER_MARKERS.items() if not any(marker in line for line in own)]
+    own = [_message(line) for line in head if line.startswith(f"[{launch_id}")]
+    missing = [name for name, marker in HEADER_MARKERS.items()
+               if not any(m.startswith(marker.format(launch_id=launch_id)) for m in own)]
     if missing:
         return f"log {log.name} lacks header line(s): {', '.join(missing)}"
     return None

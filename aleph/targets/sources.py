@@ -88,9 +88,8 @@ def _inspect_npy(path: str, size: int) -> tuple[int, int, str, int, None]:
     with open(path, "rb") as f:
         try:
             version = np.lib.format.read_magic(f)
-            read = {(1, 0): np.lib.format.read_array_header_1_0}.get(
-                version, np.lib.format.read_array_header_2_0
-            )
+            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0)
             shape, fortran, dtype = read(f)
         except (ValueError, OSError, SyntaxError) as e:
             raise StoreError(f"{path}: not a readable .npy file ({e})") from None
@@ -125,8 +124,11 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
     if name is None or not isinstance(shape, list) or len(shape) != 2:
         raise StoreError(f"{path}: tensor {key!r} must be 2-D F16/BF16/F32, found {meta}")
     begin, end = meta["data_offsets"]
-    if end - begin != shape[0] * shape[1] * DTYPES[name][1] or 8 + n + end != size:
-        raise _truncated(path, ".safetensors", 8 + n + begin + shape[0] * shape[1] * DTYPES[name][1], size)
+    nbytes = shape[0] * shape[1] * DTYPES[name][1]
+    if end - begin != nbytes:
+        raise StoreError(f"{path}: tensor {key!r} spans {end - begin:,} bytes, its shape needs {nbytes:,}")
+    if 8 + n + end != size:
+        raise _truncated(path, ".safetensors", 8 + n + end, size)
     return shape[0], shape[1], name, 8 + n + begin, key
 
 

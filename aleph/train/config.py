@@ -220,6 +220,7 @@ def _type_ok(annotation: str, value: Any) -> bool:
     if isinstance(value, bool):  # bool is an int subclass: only accept it where declared
         return annotation == "bool"
     checks = {
+        "bool": lambda v: False,  # a real bool returned above; anything else is wrong
         "str": lambda v: isinstance(v, str),
         "int": lambda v: isinstance(v, int),
         "float": lambda v: isinstance(v, (int, float)),

@@ -17,7 +17,7 @@ class Reporter:
 
     def __init__(self, s, start_step: int) -> None:
         self.s = s
-        self.scalars = outputs.Scalars(s.run_dir, start_step) if s.world.is_main else None
+        self.scalars = outputs.Scalars(s.run_dir, start_step + 1) if s.world.is_main else None
         self.t0 = time.monotonic()
         self.start_step = start_step
         self.last_t, self.last_step = self.t0, start_step

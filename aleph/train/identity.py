@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -95,7 +94,7 @@ class LaunchLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tag = tag
         self._echo = echo
-        self._f = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
+        self._f = open(self.path, "a", encoding="utf-8", buffering=1)  # closed in close()
 
     def __call__(self, message: str) -> None:
         for line in str(message).splitlines() or [""]:
@@ -147,6 +146,3 @@ def source_sha256() -> str:
         h.update(path.read_bytes() + b"\0")
     return h.hexdigest()
 
-
-def monotonic() -> float:
-    return time.monotonic()

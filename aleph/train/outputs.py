@@ -81,11 +81,12 @@ class Scalars:
     curves have no duplicated steps.
     """
 
-    def __init__(self, run_dir: Path, start_step: int) -> None:
+    def __init__(self, run_dir: Path, first_step: int) -> None:
+        """`first_step`: the first step this launch writes (resume step + 1)."""
         from torch.utils.tensorboard import SummaryWriter
 
         self._w = SummaryWriter(log_dir=str(Path(run_dir) / TB_DIR),
-                                purge_step=start_step if start_step > 0 else None)
+                                purge_step=first_step if first_step > 1 else None)
 
     def write(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():

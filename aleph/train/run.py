@@ -15,10 +15,9 @@ import torch
 
 from aleph._io import read_json, work_root
 from aleph.errors import AlephError, ConfigError, RunLocked
-from aleph.train import checkpoint as ckpt
 from aleph.train import outputs
 from aleph.train.config import TrainConfig, check_same_run, to_dict
-from aleph.train.distributed import World, init_world
+from aleph.train.distributed import World, check_divisible, init_world
 from aleph.train.identity import LAUNCH_DIR, LaunchLog, RunLock, make_launch_id
 from aleph.train.session import Session
 
@@ -31,6 +30,7 @@ def train(cfg: TrainConfig) -> int:
     """Run (or resume) `runs/<arm>-s<seed>`; returns the exit code (0 also when stopped)."""
     wants_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     world = init_world("cuda" if wants_cuda else "cpu")
+    check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
     run_dir = run_dir_for(cfg)
     lock = RunLock(run_dir)
     try:

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aleph._io import read_json
 from aleph.model import ModelConfig, build_model
 from aleph.train import checkpoint as ckpt
 from aleph.train import loop, outputs, preflight
@@ -167,12 +166,4 @@ def seed_streams(seed: int, rank: int, step: int) -> None:
     random.seed(s)
     np.random.seed(s)
     torch.manual_seed(s)
-
-
-def read_previous_metrics(run_dir: Path) -> dict:
-    path = run_dir / outputs.METRICS
-    try:
-        return read_json(path) if path.is_file() else {}
-    except ValueError:
-        return {}
 

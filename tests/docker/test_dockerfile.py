@@ -12,11 +12,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def dockerfile() -> str:
-    path = REPO / "Dockerfile"
-    if not path.exists():
-        pytest.skip("no Dockerfile in this tree (the image bakes tests/, not the build files)")
-    return path.read_text()
+def dockerfile(repo_file) -> str:
+    return repo_file("Dockerfile").read_text()
 
 
 def _hadolint(exe: str, path: Path) -> subprocess.CompletedProcess:
@@ -89,8 +86,8 @@ def test_revision_label_env_and_user(dockerfile):
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/opt/aleph/docker/entrypoint.sh"]' in dockerfile
 
 
-def test_dockerignore_is_an_allow_list():
-    lines = [x for x in (REPO / ".dockerignore").read_text().splitlines() if x and x[0] != "#"]
+def test_dockerignore_is_an_allow_list(repo_file):
+    lines = [x for x in repo_file(".dockerignore").read_text().splitlines() if x and x[0] != "#"]
     assert lines[0] == "*"
     allowed = {x[1:].rstrip("/") for x in lines if x.startswith("!")}
     assert allowed == {"aleph", "tests", "docker", "lockfiles", "pip_freeze.txt", "pyproject.toml"}

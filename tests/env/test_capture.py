@@ -60,6 +60,7 @@ def _seed_host(tmp: Path) -> dict:
                 f"620 600 0:60 / {tmp}/work rw - nfs4 fs:/vol rw\n"
             ),
             "self/cgroup": "0::/\n",
+            "sys/kernel/osrelease": "6.8.0-64-generic\n",
         },
     )
     sys_root = _files(
@@ -130,6 +131,7 @@ def test_seed_host_rows(tmp_path):
     assert "| cuDNN | 9.1.0 (90100) |" in md
     assert "| Python | 3.11.10 (GCC 11.4.0) |" in md
     assert "| NVIDIA driver | 570.195.03 |" in md
+    assert "| OS / kernel | Ubuntu 22.04.5 LTS / 6.8.0-64-generic |" in md
     assert "| torchvision / torchaudio | 0.19.1+cu124 / absent (not installed) |" in md
     assert "nfs4 at " in md  # the work root's own mount, not the overlay
     assert rec["freeze"] == ["numpy==1.26.3", "torch==2.4.1+cu124", "torchvision==0.19.1+cu124"]

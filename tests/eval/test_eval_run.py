@@ -27,7 +27,7 @@ def _tb_scalars(tb_dir):
 
 
 def test_trained_beats_untrained_and_every_field_is_recorded(tmp_path, work, capsys):
-    trained = _eval(make_run(tmp_path / "t", "a1_anchored", seed=0, steps=150))
+    trained = _eval(make_run(tmp_path / "t", "a1_anchored", seed=0, steps=80))
     untrained = _eval(make_run(tmp_path / "u", "a1_anchored", seed=0, steps=0))
     out = capsys.readouterr().out
     assert "| run | mean | dispatch OFF | toggle |" in out and "eval.json" in out
@@ -50,7 +50,7 @@ def test_trained_beats_untrained_and_every_field_is_recorded(tmp_path, work, cap
 
     run = tmp_path / "t" / "a1_anchored-s0"
     assert trained["weights"]["sha256"] == sha256_file(run / "weights/final/model.safetensors")
-    assert trained["weights"]["step"] == 150
+    assert trained["weights"]["step"] == 80
     # same tasks and probe rows -> same evaluation-data fingerprint, different weights
     assert trained["eval_data_fingerprint"] == untrained["eval_data_fingerprint"]
     assert trained["weights"]["sha256"] != untrained["weights"]["sha256"]

@@ -25,7 +25,7 @@ def smoke(tmp_path_factory):
     return ensure_smoke_data(tmp_path_factory.mktemp("smoke") / "smoke")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny():
     """`tiny(arm, **overrides)` -> a tiny ModelConfig (see tiny_config)."""
     return tiny_config

@@ -51,3 +51,14 @@ def test_frozen_anchors_are_a_buffer_under_the_same_key():
     assert set(learned.state_dict()) == set(frozen.state_dict()) == {"anchors", "anchors_init"}
     assert [n for n, _ in frozen.named_parameters()] == []
     assert torch.allclose(learned.anchors.detach().norm(dim=-1), torch.ones(3))
+
+
+def test_scores_stay_float32_under_bf16_autocast():
+    torch.manual_seed(0)
+    addr = Address(d_model=64, n_anchors=3, tau=0.1, learned=True)
+    x = torch.randn(4, 9, 64)
+    plain = addr(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = addr(x)
+    assert auto.dtype == torch.float32
+    assert torch.equal(auto, plain)

@@ -86,3 +86,17 @@ def test_neg_frac_counts_only_real_tokens(tiny):
     model(ids, mask)
     bank = model.banks()[0]
     assert float(bank._count) == mask.sum().item() * 3
+
+
+def test_bf16_autocast_forward_tracks_fp32(tiny):
+    torch.manual_seed(0)
+    model = build_model(tiny("a1_anchored")).eval()
+    with torch.no_grad():
+        for bank in model.banks():
+            bank.w_out.normal_(std=0.1)
+    ids, mask = _batch()
+    ref = model(ids, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(ids, mask)
+    assert low.dtype == torch.float32 and torch.isfinite(low).all()
+    assert (low * ref).sum(-1).min() > 0.99

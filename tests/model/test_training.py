@@ -29,16 +29,14 @@ def setup(smoke, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(setup):
+def trained(setup, tiny):
     """arm -> (model, losses, anchors before training); each arm trains once, on demand."""
-    from conftest import tiny_config
-
     tok, store, targets = setup
     cache = {}
 
     def get(arm):
         if arm not in cache:
-            cache[arm] = _train(tiny_config(arm, vocab_size=len(tok)), store, targets)
+            cache[arm] = _train(tiny(arm, vocab_size=len(tok)), store, targets)
         return cache[arm]
 
     return get

@@ -22,6 +22,7 @@ from aleph.errors import StoreError
 from aleph.targets import build_store, open_store, verify_store
 
 ROWS = (40, 25, 33, 12)
+pytestmark = pytest.mark.slow  # a dozen subprocess builds: deselect with -m 'not slow'
 
 
 def _kill_at(paths, out, point, tmp_path, impl="streaming"):

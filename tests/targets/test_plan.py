@@ -77,3 +77,12 @@ def test_in_ram_allowed_when_it_fits(make_chunks, work):
     paths, ref = make_chunks(rows=(5, 6))
     store = ensure_store(paths, implementation="in_ram", quota_bytes=1 << 30, headroom_bytes=0)
     assert store.implementation == "in_ram" and torch.equal(store.gather([10]), ref[10:11])
+
+
+def test_cgroup_v1_limit_is_read(tmp_path):
+    mem = tmp_path / "cg1" / "memory"
+    mem.mkdir(parents=True)
+    (mem / "memory.limit_in_bytes").write_text(f"{SEED_QUOTA}\n")
+    infos = [ChunkInfo(f"c{i}.pt", n, SEED_DIM, "float16") for i, n in enumerate(seed_chunk_rows())]
+    p = plan(infos, cgroup_root=tmp_path / "cg1")
+    assert p.quota_bytes == SEED_QUOTA and p.choice == "streaming" and not p.allowed["in_ram"]

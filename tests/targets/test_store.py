@@ -80,3 +80,12 @@ def test_verify_full_detects_an_edited_byte(built):
     assert verify_store(d)["ok"]  # quick: size and manifest still agree
     with pytest.raises(StoreError, match=r"(?s)1 chunk range\(s\) differ.*chunk 1 \(store rows 50..80"):
         verify_store(d, full=True)
+
+
+@pytest.mark.gpu
+def test_gather_pins_when_cuda_is_available(built):
+    d, ref = built
+    for impl in ("streaming", "in_ram"):
+        out = open_store(d, impl).gather([5, 1], pin=True)
+        assert out.is_pinned() and torch.equal(out, ref[[5, 1]])
+        assert not open_store(d, impl).gather([5, 1]).is_pinned()

@@ -8,8 +8,14 @@ import signal
 import pytest
 import torch
 
-from tests.train.conftest import (final_weights, run_train, start_train, tb_scalars, train_cmd,
-                                  wait_for_log)
+from tests.train.conftest import (
+    final_weights,
+    run_train,
+    start_train,
+    tb_scalars,
+    train_cmd,
+    wait_for_log,
+)
 
 # 12 steps, resume state every 3: a kill after step 5 loses steps 4-5, which are redone.
 SETS = ("max_steps=12", "ckpt_every_steps=3")

@@ -1,0 +1,86 @@
+"""Target store part of `aleph runs diff`: same content? same holding?
+
+"Holding" is how a run consumed its targets (the in-RAM concatenate or the streaming
+memmap); "content" is the bytes. The seed's a1 used a different holding from a2/a3 with
+the same bytes: a caveat, not a difference in what was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aleph._io import sha256_file, sha256_json
+
+SIZE_KEYS = ("rows", "dim", "dtype", "byte_length")
+HASH_LIMIT_BYTES = 8 << 30  # re-hash store data files up to this size (the E1 store is 49 GB)
+
+
+def _size(t: dict) -> str:
+    return ", ".join(f"{k} {t[k]:,}" if isinstance(t[k], int) else f"{k} {t[k]}"
+                     for k in SIZE_KEYS if t.get(k) is not None) or "size not recorded"
+
+
+def _store_manifest(t: dict) -> dict | None:
+    """The store's own manifest.json, when the run's record names a readable directory."""
+    if not t.get("dir"):
+        return None
+    path = Path(str(t["dir"])) / "manifest.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def content_key(t: dict) -> str | None:
+    """Path-independent identity of a store's contents: its source chunks' sha256s in order.
+
+    The store manifest lists every source chunk with the chunk file's sha256; the store is
+    a deterministic concatenation of them (both implementations give the same bytes), so
+    equal chunk hashes in equal order, dtype and dim mean equal store bytes.
+    """
+    store = _store_manifest(t)
+    chunks = (store or {}).get("chunks")
+    if not chunks or any(not isinstance(c, dict) or "sha256" not in c for c in chunks):
+        return None
+    return sha256_json({"dtype": store.get("dtype"), "dim": store.get("dim"),
+                        "chunks": [[c["sha256"], c.get("rows")] for c in chunks]})
+
+
+def data_sha256(t: dict, limit: int = HASH_LIMIT_BYTES) -> str | None:
+    store = _store_manifest(t)
+    if store is None:
+        return None
+    data = Path(str(t["dir"])) / store.get("data_file", "targets.bin")
+    if not data.is_file() or data.stat().st_size > limit:
+        return None
+    return sha256_file(data)
+
+
+def compare_targets(ta: dict, tb: dict) -> list[tuple[str, str]]:
+    """(level, text) findings comparing two runs' target store records."""
+    differing = [k for k in SIZE_KEYS if ta.get(k) != tb.get(k)]
+    if differing:
+        return [("blocker", f"target stores differ in {', '.join(differing)}: {_size(ta)} vs {_size(tb)}")]
+    ma, mb = ta.get("manifest_sha256"), tb.get("manifest_sha256")
+    ka, kb = content_key(ta), content_key(tb)
+    if ma is not None and ma == mb:
+        why = f"identical store manifest {ma[:12]}"
+    elif ka is not None and ka == kb:
+        why = "same source chunks: every chunk's sha256 equal, in order"
+    elif ka is None or kb is None:
+        return [("caveat", f"store manifests differ ({str(ma)[:12]} vs {str(mb)[:12]}) and a store "
+                 "directory is not readable here: contents not compared")]
+    else:
+        return [("blocker", "different target contents: the stores' source chunks differ "
+                 f"(manifests {str(ma)[:12]} vs {str(mb)[:12]})")]
+    ha, hb = data_sha256(ta), data_sha256(tb)
+    if ha is not None and hb is not None:
+        if ha != hb:
+            return [("blocker", f"store data files differ: sha256 {ha[:12]} vs {hb[:12]}")]
+        why += f"; data files re-hashed, both sha256 {ha[:12]}"
+    ia, ib = ta.get("implementation"), tb.get("implementation")
+    if ia == ib:
+        return [("same", f"same targets ({why}; {_size(ta)}), both held by the {ia} store")]
+    return [("caveat", f"same content, different holding: A consumed targets through the {ia} "
+             f"store, B through the {ib} store; contents byte-identical ({why}; {_size(ta)})")]

@@ -1,0 +1,141 @@
+"""Model benchmark: forward+backward samples/s of each arm, and model FLOPs utilisation.
+
+  1. CPU, smoke shape (the `smoke` training preset: d_model 64, 2 layers, 4 heads,
+     ffn 256 dense / 64 per expert, batch 64, captions of 8-32 tokens), fp32.
+  2. CUDA (when present), E1 shape (d_model 512, 12 layers, 8 heads, ffn 2048 / 4 x 512,
+     L = 128, batch 256), bf16 autocast, eager and torch.compile (no per-block
+     checkpointing: on torch 2.4 compile and checkpointing are exclusive).
+One step = forward, distillation loss against unit targets, backward (no optimiser step).
+MFU = 6 x (non-embedding parameters) x tokens + 12 x n_layers x L^2 x d_model per sample
+(attention scores and values, forward + backward), over the GPU's dense bf16 peak
+(table below, or --peak-tflops). The bank runs every expert on every token, so its
+matmul FLOPs equal the dense FFN's; the address (K=3 dot products) is not counted.
+
+Run from the repository root:
+    python bench/bench_model.py                 # CPU smoke shape, then CUDA if available
+    python bench/bench_model.py --no-cuda --threads 2 --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aleph.model import ARMS, ModelConfig, build_model  # noqa: E402
+from aleph.model.objective import distill_loss  # noqa: E402
+
+SMOKE = dict(vocab_size=400, max_len=32, d_model=64, n_layers=2, n_heads=4, ffn_dense=256,
+             ffn_expert=64)
+E1 = dict(vocab_size=30522, max_len=128)
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "A40": 149.7, "L40S": 362.0,
+                    "A10": 125.0, "L4": 121.0, "RTX 4090": 165.2}
+
+
+def _batch(cfg: ModelConfig, b: int, min_len: int, device, g: torch.Generator):
+    lengths = torch.randint(min_len, cfg.max_len + 1, (b,), generator=g)  # (B,)
+    width = int(lengths.max())
+    ids = torch.randint(5, cfg.vocab_size, (b, width), generator=g)  # (B, L)
+    mask = torch.arange(width) < lengths[:, None]  # (B, L)
+    target = torch.nn.functional.normalize(torch.randn(b, cfg.out_dim, generator=g), dim=-1)
+    return ids.masked_fill(~mask, 0).to(device), mask.to(device), target.half().to(device)
+
+
+def _step(model, ids, mask, target, autocast_dtype):
+    with torch.autocast(ids.device.type, dtype=autocast_dtype,
+                        enabled=autocast_dtype is not None):
+        loss, _ = distill_loss(model(ids, mask), target)
+    loss.backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+def flops_per_sample(cfg: ModelConfig, model, tokens: float, seq: float) -> float:
+    non_emb = sum(p.numel() for n, p in model.named_parameters()
+                  if not n.startswith(("tok.", "pos.")))
+    return 6 * non_emb * tokens + 12 * cfg.n_layers * seq * seq * cfg.d_model
+
+
+def measure(arm, shape, batch, steps, device, dtype=None, compile_=False, min_len=8):
+    torch.manual_seed(0)
+    cfg = ModelConfig(arm=arm, **shape)
+    model = build_model(cfg).to(device).train()
+    run = torch.compile(model) if compile_ else model
+    g = torch.Generator().manual_seed(0)
+    batches = [_batch(cfg, batch, min_len, device, g) for _ in range(4)]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    for i in range(3):  # warm-up (and compilation)
+        _step(run, *batches[i % 4], dtype)
+    sync()
+    warm = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(steps):
+        _step(run, *batches[i % 4], dtype)
+    sync()
+    dt = time.perf_counter() - t0
+    tokens = sum(float(m.sum()) for _, m, _ in batches) / (4 * batch)  # real tokens per sample
+    seq = sum(m.shape[1] for _, m, _ in batches) / 4  # padded width per batch
+    flops = flops_per_sample(cfg, model, seq, seq)  # padding tokens cost compute too
+    return {"arm": arm, "device": device.type, "batch": batch, "steps": steps,
+            "dtype": str(dtype).replace("torch.", "") if dtype else "float32",
+            "compile": compile_, "samples_per_s": steps * batch / dt, "warmup_s": warm,
+            "real_tokens_per_sample": tokens, "width": seq, "tflops": flops * steps * batch / dt / 1e12}
+
+
+def _peak(name: str, override: float | None) -> float | None:
+    if override:
+        return override
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--cpu-batch", type=int, default=64)
+    ap.add_argument("--gpu-batch", type=int, default=256)
+    ap.add_argument("--gpu-steps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
+    ap.add_argument("--no-cuda", action="store_true")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--peak-tflops", type=float, help="dense bf16 peak of the GPU")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--json", help="also write all results to this file")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = []
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
+    for arm in args.arms:
+        r = measure(arm, SMOKE, args.cpu_batch, args.steps, torch.device("cpu"))
+        results.append(r)
+        print(f"cpu  smoke  {arm:12s} fp32            {r['samples_per_s']:9.1f} samples/s "
+              f"({r['tflops'] * 1e3:.2f} GFLOP/s)")
+    if torch.cuda.is_available() and not args.no_cuda:
+        dev = torch.device("cuda")
+        name = torch.cuda.get_device_name(dev)
+        peak = _peak(name, args.peak_tflops)
+        print(f"cuda: {name}, bf16 dense peak {peak} TFLOP/s")
+        for arm in args.arms:
+            for comp in (False,) if args.no_compile else (False, True):
+                r = measure(arm, E1, args.gpu_batch, args.gpu_steps, dev, torch.bfloat16,
+                            comp, min_len=E1["max_len"])
+                r["gpu"], r["mfu"] = name, (r["tflops"] / peak if peak else None)
+                results.append(r)
+                mfu = f"MFU {r['mfu']:.1%}" if r["mfu"] is not None else "MFU n/a (--peak-tflops)"
+                print(f"cuda E1     {arm:12s} bf16 {'compile' if comp else 'eager  '}  "
+                      f"{r['samples_per_s']:9.1f} samples/s  {r['tflops']:7.1f} TFLOP/s  {mfu}  "
+                      f"(warm-up {r['warmup_s']:.1f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from aleph.data import check_aligned, load_captions
+from aleph.errors import DataError
+
+CAPS = ["a red dog", "  two spaces kept ", "unicode: café ☕", ""]
+
+
+def test_text_file_one_caption_per_line(tmp_path):
+    p = tmp_path / "c.txt"
+    p.write_text("\n".join(CAPS) + "\n", encoding="utf-8")
+    assert load_captions(p) == CAPS
+    p.write_bytes("a\r\nb\u2028still b\n".encode())  # CRLF stripped; U+2028 is not a newline
+    assert load_captions(p) == ["a", "b\u2028still b"]
+
+
+def test_jsonl_and_json_read_the_caption_field(tmp_path):
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"caption": c, "x": 1}) + "\n"
+                                              for c in CAPS))
+    assert load_captions(tmp_path / "c.jsonl") == CAPS
+    (tmp_path / "c.json").write_text(json.dumps([{"text": c} for c in CAPS]))
+    assert load_captions(tmp_path / "c.json", column="text") == CAPS
+    with pytest.raises(DataError, match=r"c\.json\[0\].*'caption' field.*\['text'\]"):
+        load_captions(tmp_path / "c.json")
+    (tmp_path / "bad.jsonl").write_text('{"caption": "ok"}\n{"caption": 3}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:2.*'caption' is int"):
+        load_captions(tmp_path / "bad.jsonl")
+
+
+def test_parquet_column(tmp_path):
+    p = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"caption_llava": CAPS, "id": list(range(4))}), p)
+    assert load_captions(p, column="caption_llava") == CAPS
+    with pytest.raises(DataError, match=r"no column 'caption'.*caption_llava"):
+        load_captions(p)
+    pq.write_table(pa.table({"caption": ["a", None]}), p)
+    with pytest.raises(DataError, match="row 1 is NoneType"):
+        load_captions(p)
+
+
+def test_missing_or_unsupported_files(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_captions(tmp_path / "missing.parquet")
+    (tmp_path / "c.csv").write_text("a\n")
+    with pytest.raises(DataError, match="unsupported"):
+        load_captions(tmp_path / "c.csv")
+
+
+def test_row_count_mismatch_names_both_sides():
+    check_aligned(10, 10)
+    with pytest.raises(DataError) as e:
+        check_aligned(31905615, 31905616, "tokens of cc12m.parquet", "targets/cc12m")
+    msg = str(e.value)
+    assert "31905615" in msg and "31905616" in msg
+    assert "cc12m.parquet" in msg and "targets/cc12m" in msg
+
+
+def test_hub_ids_offline_give_a_clear_error(tmp_path):
+    """The hub code path, with downloads forbidden: both loaders say why, as a DataError."""
+    code = (
+        "from aleph.data import load_captions, load_tokenizer\n"
+        "from aleph.errors import DataError\n"
+        "for call in (lambda: load_captions('org/captions-that-are-not-here'),\n"
+        "             lambda: load_tokenizer('bert-base-uncased')):\n"
+        "    try:\n        call()\n    except DataError as e:\n        print('DataError:', e)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "ALEPH_WORK": str(tmp_path), "HF_HOME": str(tmp_path / "hf-home")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=os.getcwd())
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("DataError:")]
+    assert len(lines) == 2, out.stdout + out.stderr
+    assert "org/captions-that-are-not-here" in lines[0] and "network" in lines[0]
+    assert "bert-base-uncased" in lines[1] and "network" in lines[1]

@@ -1,0 +1,52 @@
+import pytest
+
+from aleph.data import load_tokenizer, tokenizer_fingerprint, train_wordpiece
+from aleph.data.tokenizer import SPECIALS, wordpiece_vocab
+from aleph.errors import DataError
+
+
+def test_loads_through_the_bert_code_path(smoke, smoke_tokenizer):
+    from transformers import AutoTokenizer, BertTokenizerFast
+
+    tok = smoke_tokenizer
+    assert tok.is_fast and type(tok).__name__ == "BertTokenizer"
+    assert [tok.convert_tokens_to_ids(s) for s in SPECIALS] == [0, 1, 2, 3, 4]
+    assert tok.pad_token_id == 0
+    text = "A Crimson PUPPY leaping on the Shore"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
+    assert tok.unk_token_id not in ids
+    assert tok.convert_ids_to_tokens(ids)[1:-1] == text.lower().split()
+    for cls in (AutoTokenizer, BertTokenizerFast):
+        assert cls.from_pretrained(str(smoke.tokenizer_dir))(text)["input_ids"] == ids
+
+
+def test_unseen_words_split_into_pieces_not_unk(smoke_tokenizer):
+    pieces = smoke_tokenizer.tokenize("zebra")
+    assert pieces[0] == "z" and all(p.startswith("##") for p in pieces[1:])
+
+
+def test_vocab_is_deterministic_and_capped():
+    caps = ["b a c", "a b", "a", "cc dd dd"]
+    vocab = wordpiece_vocab(caps, vocab_size=1024)
+    assert vocab == wordpiece_vocab(list(reversed(caps)), vocab_size=1024)
+    assert list(vocab)[:5] == list(SPECIALS)
+    assert list(vocab)[-2:] == ["dd", "cc"]  # by count, then alphabetical
+    assert "cc" not in wordpiece_vocab(caps, vocab_size=len(vocab) - 1)
+    with pytest.raises(DataError, match="vocab_size"):
+        wordpiece_vocab(caps, vocab_size=6)
+
+
+def test_fingerprint_ignores_call_state(tmp_path, smoke_tokenizer):
+    before = tokenizer_fingerprint(smoke_tokenizer)
+    smoke_tokenizer(["a red dog"], padding="max_length", truncation=True, max_length=9)
+    assert tokenizer_fingerprint(smoke_tokenizer) == before
+    train_wordpiece(["a blue cat", "another"], tmp_path / "t")
+    assert tokenizer_fingerprint(load_tokenizer(tmp_path / "t")) != before
+
+
+def test_missing_directory_is_named(tmp_path):
+    with pytest.raises(DataError, match="tokenizer directory .*nope.* does not exist"):
+        load_tokenizer(tmp_path / "nope")
+    with pytest.raises(DataError, match="does not exist"):
+        load_tokenizer("./no/such/tokenizer")

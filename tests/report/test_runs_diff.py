@@ -1,0 +1,180 @@
+"""`aleph runs diff`: each section, the three verdicts, and git hunks from a real checkout."""
+
+import json
+import subprocess
+
+from fixtures.runs import environment, make_run
+
+from aleph._io import atomic_write_json, read_json
+from aleph.cli import main
+from aleph.report.diff import diff_runs
+from aleph.report.diff_text import format_diff
+
+
+def edit(run, name, fn):
+    data = read_json(run / name)
+    fn(data)
+    atomic_write_json(run / name, data)
+
+
+def store(root, built_by, chunk_hashes, data=b"\x00\x01" * 768):
+    """A target store directory: manifest.json (chunks with sha256) + targets.bin."""
+    root.mkdir(parents=True)
+    (root / "targets.bin").write_bytes(data)
+    atomic_write_json(root / "manifest.json", {
+        "built_by": built_by, "dtype": "float16", "dim": 768, "data_file": "targets.bin",
+        "chunks": [{"path": str(root / f"c{i}.pt"), "sha256": h, "rows": 1} for i, h in enumerate(chunk_hashes)]})
+    return str(root)
+
+
+def levels(d, section):
+    return [(f.level, f.text) for f in d.findings if f.section == section]
+
+
+def test_arms_of_one_experiment_are_equivalent(tmp_path):
+    a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False)
+    d = diff_runs(a, b)
+    assert d.verdict == "equivalent", format_diff(d)
+    assert ("info", "arm: 'a1_anchored' vs 'a2_dense' (experiment variable)") in levels(d, "config")
+    text = format_diff(d)
+    assert text.splitlines()[-1] == "verdict: EQUIVALENT"
+    assert "package set identical" in text and "torch 2.4.1+cu124" in text
+
+
+def test_same_content_different_holding_is_a_named_caveat(tmp_path):
+    a = make_run(tmp_path / "x", "a2_dense", steps=0, implementation="in_ram", train_scalars=False)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, implementation="streaming", train_scalars=False)
+    sa = store(tmp_path / "sa", "in_ram", ["h0", "h1"])
+    sb = store(tmp_path / "sb", "streaming", ["h0", "h1"])
+    edit(a, "manifest.json", lambda m: m["target_store"].update(dir=sa, manifest_sha256="1" * 64))
+    edit(b, "manifest.json", lambda m: m["target_store"].update(dir=sb, manifest_sha256="2" * 64))
+    d = diff_runs(a, b)
+    assert d.verdict == "equivalent with caveats"
+    assert len(d.caveats) == 1 and d.caveats[0].startswith(
+        "same content, different holding: A consumed targets through the in_ram store, "
+        "B through the streaming store; contents byte-identical (same source chunks")
+    assert "data files re-hashed" in d.caveats[0]
+    # the config's store_implementation difference is left to this section, not a blocker
+    assert ("info", "store_implementation: 'in_ram' vs 'streaming' (see target store)") in levels(d, "config")
+
+    (tmp_path / "sb" / "targets.bin").write_bytes(b"\x00\x02" * 768)  # same sources, other bytes
+    assert diff_runs(a, b).blockers[0].startswith("store data files differ")
+    sc = store(tmp_path / "sc", "streaming", ["h0", "OTHER"])
+    edit(b, "manifest.json", lambda m: m["target_store"].update(dir=sc))
+    d = diff_runs(a, b)
+    assert d.verdict == "not equivalent" and "source chunks differ" in d.blockers[0]
+
+
+def test_environment_and_config_blockers_and_caveats(tmp_path, capsys):
+    env_b = environment(torch="2.5.1+cu124", driver="575.0",
+                        packages={"torch": "2.5.1+cu124", "numpy": "1.26.3", "tqdm": "4.66.0"})
+    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, env=env_b, train_scalars=False,
+                 config={"lr": 1e-3, "log_every_steps": 99})
+    d = diff_runs(a, b)
+    assert d.verdict == "not equivalent"
+    assert set(d.blockers) == {"torch 2.4.1+cu124 vs 2.5.1+cu124", "lr: 0.002 vs 0.001"}
+    assert set(d.caveats) == {"driver 570.195.03 vs 575.0", "package tqdm 4.67.1 vs 4.66.0"}
+    assert ("info", "log_every_steps: 10 vs 99 (does not change what is computed)") in levels(d, "config")
+    out = tmp_path / "diff.json"
+    assert main(["runs", "diff", str(a), str(b), "--json", str(out)]) == 1
+    tail = capsys.readouterr().out.splitlines()[-5:]  # the verdict, then what it rests on
+    assert tail[0] == "verdict: NOT EQUIVALENT"
+    assert [t.split(":")[0] for t in tail[1:]] == ["  blocker 1", "  blocker 2", "  caveat 1", "  caveat 2"]
+    assert json.loads(out.read_text())["verdict"] == "not equivalent"
+
+
+def test_launch_history_gaps_missing_headers_and_failures(tmp_path):
+    launches = [
+        {"launch_id": "L1", "start": "2026-08-07T02:53:28Z", "end": "2026-08-07T03:00:00Z",
+         "exit_status": 137, "status": "lost"},
+        {"launch_id": "L2", "start": "2026-08-07T04:00:00Z", "end": "2026-08-07T05:00:00Z",
+         "exit_status": 0, "status": "complete"},
+    ]
+    a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False)
+    b = make_run(tmp_path / "y", "a1_anchored", steps=0, train_scalars=False, launches=launches)
+    # L2's log begins with another launch's lines, as the seed's a1-s1 log did
+    log = b / "launches" / "L2.log"
+    log.write_text("[DUP] 2026-08-07T04:00:00Z launch DUP: rank 0 of 1\n" + log.read_text())
+    d = diff_runs(a, b)
+    assert d.verdict == "equivalent with caveats"
+    texts = [t for _, t in levels(d, "launches")]
+    assert "B: 2 launch(es): resumed 1 time(s)" in texts
+    assert "B: gap of 1h00m00s before launch 2 (L2)" in texts
+    assert "B: launch 1 (L1) ended lost with exit status 137" in texts
+    assert any(t.startswith("B: launch 2 (L2): log L2.log does not start with this launch's lines") for t in texts)
+
+    log.write_text("[L2] 2026-08-07T04:00:00Z launch L2: rank 0 of 1\n[L2] 2026-08-07T04:00:01Z step 1\n")
+    assert "B: launch 2 (L2): log L2.log lacks header line(s): allocator cap, VRAM probe, config echo, resume line" in diff_runs(a, b).caveats
+
+    edit(b, "manifest.json", lambda m: m["launches"][1].update(start="2026-08-07T02:59:00Z"))
+    assert any("overlapping launches" in c for c in diff_runs(a, b).caveats)
+    edit(b, "manifest.json", lambda m: m["launches"][1].update(exit_status=1, status="failed"))
+    assert diff_runs(a, b).blockers == ["B: launch 2 (L2) ended failed with exit status 1: the run did not finish"]
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _commit(repo, message):
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def test_code_difference_lists_files_and_hunks_from_a_checkout(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "aleph").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.org")
+    _git(repo, "config", "user.name", "t")
+    (repo / "aleph" / "store.py").write_text("A = 1\nB = 2\n")
+    rev1 = _commit(repo, "one")
+    (repo / "aleph" / "store.py").write_text("A = 1\nB = 3\nC = 4\n")
+    rev2 = _commit(repo, "two")
+    a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False, revision=rev1, source="1" * 64)
+    b = make_run(tmp_path / "y", "a3_random", steps=0, train_scalars=False, revision=rev2 + "-dirty", source="2" * 64)
+    d = diff_runs(a, b, repo=repo)
+    assert d.verdict == "equivalent with caveats"
+    assert d.caveats[0].startswith(f"code differs: A executed {rev1} (source 111111111111)")
+    assert any("B ran from a modified working tree" in c for c in d.caveats)
+    assert [(f.path, f.added, f.removed) for f in d.code_diff.files] == [("aleph/store.py", 2, 1)]
+    text = format_diff(d)
+    assert "aleph/store.py (+2 -1; 1 hunk(s))" in text and "aleph/store.py @@ -1,2 +1,3 @@" in text
+    assert "+C = 4" in format_diff(d, patch=True)
+    # without the checkout the difference is still a caveat, and the report says why no hunks
+    d = diff_runs(a, b, repo=tmp_path)
+    assert d.code_diff is None and any("hunks not shown" in f.text for f in d.findings)
+    # two dirty trees on one base revision: no hunks to show, and the report says why
+    edit(a, "manifest.json", lambda m: m.update(code_revision=rev2 + "-dirty"))
+    d = diff_runs(a, b, repo=repo)
+    assert d.code_diff is None and any(f.text.startswith("same base revision") for f in d.findings)
+    # identical source under two revisions is not a caveat
+    edit(b, "manifest.json", lambda m: m.update(source_sha256="1" * 64))
+    edit(a, "manifest.json", lambda m: m.update(code_revision=rev1))
+    assert diff_runs(a, b, repo=repo).caveats == []
+
+
+def test_documented_manifest_layout_is_read_too(tmp_path):
+    """docs/ARCHITECTURE.md names `code` and `targets` objects; the trainer writes top-level keys."""
+    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False)
+
+    def documented(m):
+        m["code"] = {"revision": m.pop("code_revision"), "source_sha256": "9" * 64}
+        m["targets"] = m.pop("target_store")
+    edit(b, "manifest.json", documented)
+    d = diff_runs(a, b)
+    assert d.verdict == "equivalent with caveats" and d.caveats[0].startswith("code differs")
+
+
+def test_bad_run_directories_are_named(tmp_path, capsys):
+    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
+    assert main(["runs", "diff", str(a), str(tmp_path / "missing")]) == 2
+    assert "missing: not a run directory" in capsys.readouterr().err
+    edit(a, "manifest.json", lambda m: m.pop("environment"))
+    assert main(["runs", "diff", str(a), str(a)]) == 2
+    assert "manifest.json: missing field 'environment'" in capsys.readouterr().err

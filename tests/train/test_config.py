@@ -1,0 +1,103 @@
+"""Config: presets, files, overrides, errors that name the field, redaction, resume checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from aleph.errors import ConfigError
+from aleph.train.config import PRESETS, check_same_run, echo, resolve, to_dict
+
+E1_SOURCES = ["captions=/data/cc12m.parquet", "targets=/data/t/a.pt,/data/t/b.pt"]
+
+
+def test_e1_preset_is_the_published_shape():
+    cfg = resolve("e1", overrides=E1_SOURCES, arm="a1_anchored", seed=1)
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.ffn_dense, cfg.epochs) == (12, 512, 8, 2048, 4)
+    assert (cfg.ffn_expert, cfg.n_anchors, cfg.address_tau) == (512, 3, 0.1)
+    assert cfg.targets == ("/data/t/a.pt", "/data/t/b.pt")
+    assert cfg.store_implementation == "auto"
+
+
+def test_e1_without_sources_names_the_field():
+    with pytest.raises(ConfigError, match="'captions'"):
+        resolve("e1", arm="a2_dense")
+
+
+@pytest.mark.parametrize("override,field", [
+    ("bogus=1", "bogus"), ("batch_size=0", "batch_size"), ("batch_size=abc", "batch_size"),
+    ("n_heads=7", "n_heads"), ("keep_checkpoints=1", "keep_checkpoints"),
+    ("store_implementation=mmap", "store_implementation"), ("dropout=1.5", "dropout"),
+    ("alloc_cap_fraction=1.5", "alloc_cap_fraction"), ("captions=x.txt", "captions"),
+    ("compile=yes please", "compile"), ("lr=-1", "lr"), ("deterministic=1", "deterministic"),
+])
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=f"'?{field}'?"):
+        resolve("smoke", overrides=[override], arm="a2_dense")
+
+
+def test_compile_with_checkpointing_is_refused_citing_torch_24():
+    with pytest.raises(ConfigError, match=r"exclusive.*torch 2\.4.*compile=false or checkpointing=false"):
+        resolve("smoke", overrides=["compile=true", "checkpointing=true"], arm="a2_dense")
+    assert resolve("smoke", overrides=["compile=true"], arm="a2_dense").compile
+
+
+def test_unknown_arm():
+    with pytest.raises(ConfigError, match="'arm'.*a1_anchored, a2_dense, a3_random"):
+        resolve("smoke", arm="splat")
+
+
+def test_yaml_and_json_files(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("lr: 1.0e-3\nbetas: [0.8, 0.9]\nepochs: 3\n")
+    cfg = resolve("smoke", file=str(y), overrides=["epochs=5"], arm="a3_random", seed=2)
+    assert (cfg.lr, cfg.betas, cfg.epochs, cfg.seed) == (1e-3, (0.8, 0.9), 5, 2)
+    j = tmp_path / "c.json"
+    j.write_text(json.dumps({"d_model": 96, "typo_field": 1}))
+    with pytest.raises(ConfigError, match=f"config file {j}: unknown config field.*typo_field"):
+        resolve("smoke", file=str(j), arm="a2_dense")
+    j.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid json"):
+        resolve("smoke", file=str(j), arm="a2_dense")
+
+
+def test_secrets_are_redacted():
+    cfg = resolve("smoke", overrides=["hf_token=hf_abc"], arm="a2_dense")
+    assert cfg.hf_token == "hf_abc"
+    assert "hf_abc" not in echo(cfg)
+    assert to_dict(cfg)["hf_token"] == "<redacted>"
+    assert to_dict(cfg, redact=False)["hf_token"] == "hf_abc"
+
+
+def test_resume_compatibility():
+    saved = to_dict(resolve("smoke", arm="a2_dense"))
+    check_same_run(saved, resolve("smoke", overrides=["log_every_steps=1", "hf_token=x"], arm="a2_dense"))
+    with pytest.raises(ConfigError, match="batch_size: run has 64, launch asks 32"):
+        check_same_run(saved, resolve("smoke", overrides=["batch_size=32"], arm="a2_dense"))
+
+
+def test_every_field_is_documented():
+    import ast
+    import inspect
+
+    from aleph.train import config
+
+    tree = ast.parse(inspect.getsource(config.TrainConfig))
+    body = tree.body[0].body
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            doc = body[i + 1] if i + 1 < len(body) else None
+            assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), node.target.id
+    assert set(PRESETS) == {"e1", "smoke"}
+
+
+def test_cli_refuses_before_any_work(work):
+    proc = subprocess.run([sys.executable, "-m", "aleph", "train", "--arm", "a2_dense",
+                           "--preset", "smoke", "--set", "epochs=0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "config field 'epochs': got 0, expected a positive integer" in proc.stderr
+    assert list(work.iterdir()) == []  # nothing written: no run dir, no smoke data
