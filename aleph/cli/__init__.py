@@ -17,16 +17,26 @@ from aleph import __version__
 from aleph.errors import AlephError
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or (when `only` names a command module) one with just that command.
+
+    Registering only the invoked command keeps `aleph env check` from paying for the
+    torch-heavy imports of `train` or `eval`: each module imports what it needs at the top.
+    """
     parser = argparse.ArgumentParser(
         prog="aleph", description="AlephLM-0 E1: environment, target store, training, evaluation."
     )
     parser.add_argument("--version", action="version", version=f"aleph {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    names = _command_modules()
+    if only in names:
+        names = [only]
+    for name in names:
+        module = importlib.import_module(f"{__name__}.{name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)
@@ -34,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)

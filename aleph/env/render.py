@@ -113,12 +113,11 @@ def _hardware_rows(hw: dict) -> list[tuple[str, str]]:
     ram = hw["host_ram_bytes_visible"]
     cid = hw["container_id"]
     st = hw["storage"]
+    cpu = _v(hw["host_cpu_model"], "no model name")
+    vcpus = _v(hw["host_vcpus_visible"], "unknown")
     return [
         *_gpu_rows(hw),
-        (
-            "Host CPU",
-            f"{_v(hw['host_cpu_model'], 'no model name')}, {_v(hw['host_vcpus_visible'], 'unknown')} vCPU visible",
-        ),
+        ("Host CPU", f"{cpu}, {vcpus} vCPU visible"),
         ("Host RAM", f"{format_bytes(ram)} visible" if ram else "absent (no /proc/meminfo)"),
         *_envelope_rows(hw),
         ("cpuset (cgroup)", _v(hw["envelope"]["cpuset"], "not readable")),
@@ -145,7 +144,8 @@ def render_markdown(record: dict) -> str:
         "Software",
         *_table(_software_rows(record["software"]), ("component", "version")),
         "",
-        f"Full package set: {len(record['freeze'])} packages, freeze sha256 {record['freeze_sha256']}",
+        f"Full package set: {len(record['freeze'])} packages, "
+        f"freeze sha256 {record['freeze_sha256']}",
         "",
         "Hardware and container envelope",
         *_table(_hardware_rows(record["hardware"]), ("resource", "value")),

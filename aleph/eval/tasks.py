@@ -6,7 +6,7 @@ for each requested name:
 1. a local file `<tasks_dir>/<name>.tsv` or `<name>.jsonl` (format below);
 2. `smoke`: pairs built offline from the smoke grammar (`aleph.data.smoke.sts_pairs`);
 3. the public test split on the Hugging Face hub, through `datasets`, cached under
-   `<work root>/cache/hf` (see `HF_TASKS` for the dataset ids: the MTEB copies).
+   `<work root>/cache/hf` (see `HF_TASKS`: the MTEB copies at pinned revisions).
 
 Local file formats (UTF-8):
 - TSV: a header line `sentence1<TAB>sentence2<TAB>score`, then one pair per line.
@@ -30,16 +30,18 @@ DISPLAY = {
     "stsb": "STS-B", "sickr": "SICK-R", "sts12": "STS12", "sts13": "STS13",
     "sts14": "STS14", "sts15": "STS15", "sts16": "STS16", "biosses": "BIOSSES",
 }
-# Public copies with one schema (sentence1, sentence2, score) and a `test` split.
+# Public copies with one schema (sentence1, sentence2, score) and a `test` split: the MTEB
+# copies, pinned to the revisions MTEB's own task definitions pin, so a cached or fresh
+# download always holds the same pairs.
 HF_TASKS = {
-    "stsb": "mteb/stsbenchmark-sts",
-    "sickr": "mteb/sickr-sts",
-    "sts12": "mteb/sts12-sts",
-    "sts13": "mteb/sts13-sts",
-    "sts14": "mteb/sts14-sts",
-    "sts15": "mteb/sts15-sts",
-    "sts16": "mteb/sts16-sts",
-    "biosses": "mteb/biosses-sts",
+    "stsb": ("mteb/stsbenchmark-sts", "b0fddb56ed78048fa8b90373c8a3cfc37b684831"),
+    "sickr": ("mteb/sickr-sts", "a6ea5a8cab320b040a23452cc28066d9beae2cee"),
+    "sts12": ("mteb/sts12-sts", "a0d554a64d88156834ff5ae9920b964011b16384"),
+    "sts13": ("mteb/sts13-sts", "7e90230a92c190f1bf69ae9002b8cea547a64cca"),
+    "sts14": ("mteb/sts14-sts", "6031580fec1f6af667f0bd2da0a551cf4f0b2375"),
+    "sts15": ("mteb/sts15-sts", "ae752c7c21bf194d8b67fd573edf7ae58183cbe3"),
+    "sts16": ("mteb/sts16-sts", "4d8694f8f0e0100860b497b999b3dbed754a0513"),
+    "biosses": ("mteb/biosses-sts", "d3fb88f8f02e40887cd149695127462bbcf29b4a"),
 }
 SMOKE_PAIRS = 256  # enough pairs that a trained/untrained gap is not noise
 SMOKE_SEED = 0
@@ -100,12 +102,12 @@ def smoke_task(n: int = SMOKE_PAIRS, seed: int = SMOKE_SEED) -> STSTask:
 
 
 def load_hf_task(name: str) -> STSTask:
-    dataset_id = HF_TASKS[name]
+    dataset_id, revision = HF_TASKS[name]
     cache = work_root() / "cache" / "hf"
     try:
         import datasets
 
-        ds = datasets.load_dataset(dataset_id, split="test", cache_dir=str(cache))
+        ds = datasets.load_dataset(dataset_id, split="test", revision=revision, cache_dir=str(cache))
     except Exception as e:  # network, hub or cache failures all end the same way for a user
         raise DataError(
             f"cannot load STS task {name!r} from dataset {dataset_id} (test split, cache {cache}): "
@@ -119,7 +121,7 @@ def load_hf_task(name: str) -> STSTask:
         (str(a), str(b), float(s))
         for a, b, s in zip(ds["sentence1"], ds["sentence2"], ds["score"], strict=True)
     )
-    return STSTask(name, _checked(pairs, dataset_id), f"hf:{dataset_id}:test")
+    return STSTask(name, _checked(pairs, dataset_id), f"hf:{dataset_id}@{revision[:12]}:test")
 
 
 def read_tsv(path: Path) -> tuple[tuple[str, str, float], ...]:

@@ -1,13 +1,15 @@
 """The E1 results table for a set of runs, read only from each run's eval.json.
 
 Two tables: the summary (run, mean, dispatch OFF, toggle, R@1, cos->target, erank/768)
-and the per-task Spearman. Runs of the same arm get a mean row and a spread row (sample
-standard deviation across seeds, n >= 2). Published reference rows, when asked for, are
-appended and labelled as such; they never enter the mean/spread of replicated runs.
+and the per-task Spearman. Runs of the same arm with at least two seeds get a mean row
+and a spread row (sample standard deviation over the runs). Published reference rows,
+when asked for, are appended and labelled as such; they never enter the mean/spread of
+replicated runs.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 
@@ -45,8 +47,8 @@ def arm_summaries(rows: list[dict]) -> list[dict]:
     arms = sorted({r["arm"] for r in rows if r["kind"] == "run"})
     for arm in arms:
         group = [r for r in rows if r["kind"] == "run" and r["arm"] == arm]
-        if len(group) < 2:
-            continue
+        if len({r["seed"] for r in group}) < 2:
+            continue  # one seed (or replicates of it): no spread across seeds to report
         seeds = ",".join(str(r["seed"]) for r in group)
         mean = {"run": f"{arm} mean (n={len(group)}, seeds {seeds})", "kind": "mean", "arm": arm}
         sd = {"run": f"{arm} spread (sd, n={len(group)})", "kind": "spread", "arm": arm}
@@ -67,6 +69,7 @@ def arm_summaries(rows: list[dict]) -> list[dict]:
 def build(run_dirs: list[Path], with_published: bool = False) -> dict:
     """All rows (runs, per-arm mean/spread, optional published references) and notes."""
     rows = [row_from_eval(Path(d)) for d in run_dirs]
+    _disambiguate(rows, [Path(d) for d in run_dirs])
     notes = []
     fps = {r["eval_data_fingerprint"] for r in rows}
     if len(fps) > 1:
@@ -77,6 +80,19 @@ def build(run_dirs: list[Path], with_published: bool = False) -> dict:
         rows += published.reference_rows()
         notes.append(f"published rows: {published.source()}")
     return {"rows": rows, "task_names": task_names(rows), "notes": notes}
+
+
+def _disambiguate(rows: list[dict], dirs: list[Path]) -> None:
+    """Runs sharing a run id (one arm and seed under two work roots) get their paths as labels."""
+    labels = [r["run"] for r in rows]
+    for label in set(labels):
+        idx = [i for i, x in enumerate(labels) if x == label]
+        if len(idx) < 2:
+            continue
+        paths = [dirs[i].resolve() for i in idx]
+        common = Path(os.path.commonpath(paths))
+        for i, path in zip(idx, paths, strict=True):
+            rows[i]["run"] = f"{label} ({path.relative_to(common)})"
 
 
 def task_names(rows: list[dict]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,23 @@ def test_dockerignore_is_an_allow_list(repo_file):
     allowed = {x[1:].rstrip("/") for x in lines if x.startswith("!")}
     assert allowed == {"aleph", "tests", "docker", "lockfiles", "pip_freeze.txt", "pyproject.toml"}
     assert "aleph/REVISION" in lines
+
+
+def test_aleph_shim_runs_the_built_interpreter(dockerfile):
+    shim = (REPO / "docker" / "aleph").read_text()
+    assert shim.rstrip().splitlines()[-1] == 'exec /opt/python/bin/python3 -m aleph "$@"'
+    assert "--prefix=/opt/python" in dockerfile
+    assert "install -m 0755 docker/aleph /usr/local/bin/aleph" in dockerfile
+    p = subprocess.run(["sh", "-n", str(REPO / "docker" / "aleph")], capture_output=True)
+    assert p.returncode == 0
+
+
+def test_the_cu124_completeness_check_exists(dockerfile):
+    # The Dockerfile calls the lock tool's check by name; a rename must break here, not mid-build.
+    p = subprocess.run(
+        [sys.executable, str(REPO / "lockfiles" / "relock.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0 and "--check-complete" in p.stdout

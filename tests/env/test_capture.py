@@ -204,3 +204,17 @@ def test_cli_capture_runs_on_this_machine(tmp_path):
     assert "Hardware and container envelope" in p.stdout
     written = sorted(x.suffix for x in (tmp_path / "cap").iterdir())
     assert written == [".json", ".md"]
+
+
+@pytest.mark.gpu
+def test_live_gpu_facts_agree_with_torch():
+    import torch
+
+    from aleph.env.facts import gpu_facts, runtime_facts
+
+    facts = gpu_facts()
+    assert facts["driver"], "nvidia-smi must report a driver where CUDA works"
+    # nvidia-smi lists every GPU of the container; CUDA_VISIBLE_DEVICES may hide some.
+    assert len(facts["gpus"]) >= torch.cuda.device_count()
+    assert torch.cuda.get_device_name(0) in {g["name"] for g in facts["gpus"]}
+    assert runtime_facts()["cudnn"] == torch.backends.cudnn.version()

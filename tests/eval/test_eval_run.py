@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from fixtures.runs import make_run, read
 
-from aleph.cli import main
 from aleph._io import sha256_file
+from aleph.cli import main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sts"
 

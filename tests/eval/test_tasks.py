@@ -64,3 +64,26 @@ def test_hub_task_offline_error_names_dataset_and_local_fallback(work, monkeypat
 
 def test_every_e1_task_has_a_hub_source_and_a_display_name():
     assert set(tasks.HF_TASKS) == set(tasks.E1_TASKS) == set(tasks.DISPLAY)
+
+
+def test_hub_task_reads_the_pinned_test_split_into_pairs(work, monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load(path, split, revision, cache_dir):
+        # Stands in for the download only: the rows go through a real datasets.Dataset.
+        calls.append((path, split, revision, cache_dir))
+        return datasets.Dataset.from_dict(
+            {"sentence1": ["a", "b", "c"], "sentence2": ["x", "y", "z"], "score": [0.5, 4.0, 2]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    task = tasks.load_task("biosses")
+    assert calls == [("mteb/biosses-sts", "test", tasks.HF_TASKS["biosses"][1], str(work / "cache" / "hf"))]
+    assert task.pairs == (("a", "x", 0.5), ("b", "y", 4.0), ("c", "z", 2.0))
+    assert task.source == "hf:mteb/biosses-sts@d3fb88f8f02e:test"
+
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda *a, **k: datasets.Dataset.from_dict({"s1": ["a"], "score": [1.0]}))
+    with pytest.raises(DataError, match=r"mteb/biosses-sts lacks columns \['sentence1', 'sentence2'\]"):
+        tasks.load_task("biosses")

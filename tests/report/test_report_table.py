@@ -50,6 +50,13 @@ def test_rows_means_and_spread(tmp_path):
     assert "| run | STS-B | SICK-R | STS12 | STS13 | STS14 | STS15 | STS16 | BIOSSES |" in lines
 
 
+def test_replicates_of_one_seed_are_told_apart_and_get_no_seed_spread(tmp_path):
+    a = fake_eval(tmp_path / "w1" / "a2_dense-s0", "a2_dense", 0, 0.6)
+    b = fake_eval(tmp_path / "w2" / "a2_dense-s0", "a2_dense", 0, 0.6)
+    rep = table.build([a, b])
+    assert [r["run"] for r in rep["rows"]] == ["a2_dense-s0 (w1/a2_dense-s0)", "a2_dense-s0 (w2/a2_dense-s0)"]
+
+
 def test_different_eval_data_is_flagged(tmp_path):
     a = fake_eval(tmp_path / "x-s0", "a2_dense", 0, 0.6, fp="a" * 64)
     b = fake_eval(tmp_path / "x-s1", "a2_dense", 1, 0.6, fp="b" * 64)
