@@ -104,7 +104,8 @@ def index_report(reqs: list[str], index_url: str | None, platforms: list[str]) -
     with tempfile.TemporaryDirectory() as tmp:
         rfile, report = Path(tmp, "reqs.txt"), Path(tmp, "report.json")
         rfile.write_text("\n".join(reqs) + "\n")
-        cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--quiet",
+        cmd = [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check",
+               "install", "--dry-run", "--quiet",
                "--no-deps", "--only-binary", ":all:", "--target", str(Path(tmp, "t")),
                "--python-version", PYTHON, "--implementation", "cp", "--abi", "cp311",
                "--report", str(report), "-r", str(rfile)]
@@ -128,7 +129,8 @@ def index_report(reqs: list[str], index_url: str | None, platforms: list[str]) -
 def sdist_hash(req: str) -> tuple[str, str, str]:
     """Download the sdist of req (name==version) and hash it locally: (name, version, sha256)."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "--isolated", "download", "--quiet",
+        subprocess.run([sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check",
+                        "download", "--quiet",
                         "--no-deps", "--no-binary", ":all:", "-d", tmp, req],
                        check=True, env=pip_env())
         (f,) = Path(tmp).iterdir()
@@ -316,9 +318,11 @@ def fill_cu124(index_url: str) -> None:
     path = HERE / "image-cu124.txt"
     entries = read_lock(path)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "--isolated", "download", "--no-deps",
+        cmd = [sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check",
+               "download", "--no-deps",
                "--only-binary", ":all:", "--index-url", index_url, "--python-version", PYTHON,
-               "--implementation", "cp", "--abi", "cp311", "--platform", "linux_x86_64",
+               *[a for p in ["linux_x86_64", *MANYLINUX] for a in ("--platform", p)],
+               "--implementation", "cp", "--abi", "cp311",
                "-d", tmp] + [f"{e.name}=={e.version}" for e in entries]
         subprocess.run(cmd, check=True, env=pip_env())
         files = {norm(f.name.split("-")[0]): f for f in Path(tmp).glob("*.whl")}
@@ -353,8 +357,12 @@ def main(argv: list[str] | None = None) -> int:
             fill_cu124(args.index_url)
         else:
             regenerate()
-    except (LockError, OSError, subprocess.CalledProcessError) as e:
+    except (LockError, OSError) as e:
         print(f"relock: {e}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as e:
+        tool = Path(e.cmd[0]).name + (" " + e.cmd[2] if e.cmd[1:2] == ["-m"] else "")
+        print(f"relock: {tool} exited {e.returncode} (its messages are above)", file=sys.stderr)
         return 1
     return 0
 

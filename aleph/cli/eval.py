@@ -15,9 +15,9 @@ def register(subparsers) -> None:
         "and the mimicry probes; writes RUN_DIR/eval.json and eval/ scalars to RUN_DIR/tb.",
     )
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--tasks", default="e1",
+    p.add_argument("--tasks", default=None,
                    help="e1 (the 8 STS tasks), smoke (offline, from the smoke grammar), or a "
-                   "comma list of names (default: e1)")
+                   "comma list of names (default: smoke for smoke-data runs, else e1)")
     p.add_argument("--tasks-dir", default=None,
                    help="directory of local task files <name>.tsv / <name>.jsonl, used before "
                    "the hub copies (columns sentence1, sentence2, score)")
@@ -41,7 +41,7 @@ def _eval(args: argparse.Namespace) -> int:
     from aleph.report.table import build
 
     result = run_eval(
-        args.run_dir, parse_task_names(args.tasks), tasks_dir=args.tasks_dir,
+        args.run_dir, parse_task_names(args.tasks) if args.tasks else None, tasks_dir=args.tasks_dir,
         weights_dir=args.weights, probe_captions=args.probe_captions,
         probe_targets=args.probe_targets, probe_rows=args.probe_rows,
         probe_batch=args.probe_batch, batch_size=args.batch_size, device=args.device,

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from aleph.errors import DataError
 from aleph.eval.encode import DEFAULT_BATCH, encode
 from aleph.eval.sts import pair_cosines, spearman
 from aleph.eval.tasks import STSTask
@@ -24,7 +25,10 @@ def task_spearman(model, tokenizer, task: STSTask, max_len: int, batch_size: int
     gold = np.array([p[2] for p in task.pairs])  # (N,)
     emb = encode(model, tokenizer, a + b, max_len, batch_size, device)  # (2N, D)
     cos = pair_cosines(emb[: len(a)], emb[len(a) :])  # (N,)
-    return spearman(cos, gold)
+    try:
+        return spearman(cos, gold)
+    except DataError as e:  # e.g. a collapsed model giving every pair the same cosine
+        raise DataError(f"STS task {task.name!r} ({task.source}): {e}") from e
 
 
 def capability(

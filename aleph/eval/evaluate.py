@@ -76,12 +76,12 @@ def evaluate_model(model, tokenizer, max_len: int, tasks: list[STSTask], probe: 
 def record(run_dir: Path, result: dict, weights_file: Path, step: int) -> dict:
     """Add provenance, write eval.json atomically and the eval/ scalars to tb/."""
     manifest = rundir.read_run_json(run_dir, rundir.MANIFEST, required=False)
+    shown = weights_file.relative_to(run_dir) if weights_file.is_relative_to(run_dir) else weights_file
     out = {
         "schema": SCHEMA,
         "run_id": rundir.run_label(run_dir, manifest),
         "seed": (manifest or {}).get("seed"),
-        "weights": {"path": str(weights_file.relative_to(run_dir)) if weights_file.is_relative_to(run_dir)
-                    else str(weights_file), "sha256": sha256_file(weights_file), "step": step},
+        "weights": {"path": str(shown), "sha256": sha256_file(weights_file), "step": step},
         "evaluated_at": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         **result,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -10,7 +11,7 @@ from aleph.errors import DataError
 from aleph.eval import rundir
 from aleph.eval.evaluate import DEFAULT_PROBE_BATCH, evaluate_model, record
 from aleph.eval.probe_data import DEFAULT_ROWS, resolve_probe
-from aleph.eval.tasks import load_tasks
+from aleph.eval.tasks import load_tasks, parse_task_names
 
 
 def pick_device(name: str) -> str:
@@ -21,16 +22,23 @@ def pick_device(name: str) -> str:
     return name
 
 
-def final_step(run_dir: Path) -> int:
-    """The training step the weights belong to (metrics.json), for the TensorBoard x axis."""
+def weights_step(run_dir: Path, weights_dir: Path) -> int:
+    """The training step the weights belong to, for the TensorBoard x axis: from the
+    directory name (weights/step-NNNNNNNN), else the run's last step (metrics.json)."""
+    match = re.fullmatch(r"step-(\d+)", weights_dir.name)
+    if match:
+        return int(match.group(1))
     metrics = rundir.read_run_json(run_dir, rundir.METRICS, required=False) or {}
-    for key in ("step", "global_step", "steps"):
-        if isinstance(metrics.get(key), int):
-            return metrics[key]
-    return 0
+    step = metrics.get("step")
+    return step if isinstance(step, int) else 0
 
 
-def run_eval(run_dir: str | Path, task_names: list[str], tasks_dir: str | None = None,
+def default_tasks(config: dict) -> list[str]:
+    """Smoke runs are judged on the offline smoke task set, real runs on the 8 E1 tasks."""
+    return parse_task_names("smoke" if config.get("smoke_data") else "e1")
+
+
+def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str | None = None,
              weights_dir: str | None = None, probe_captions: str | None = None,
              probe_targets: str | None = None, probe_rows: int = DEFAULT_ROWS,
              probe_batch: int = DEFAULT_PROBE_BATCH, batch_size: int = 128,
@@ -44,7 +52,7 @@ def run_eval(run_dir: str | Path, task_names: list[str], tasks_dir: str | None =
     tok_dir = run_dir / rundir.TOKENIZER
     if not tok_dir.is_dir():
         raise DataError(f"{tok_dir}: missing (a run directory keeps the tokenizer it trained with)")
-    tasks = load_tasks(task_names, tasks_dir)  # before the model: fail fast on bad task data
+    tasks = load_tasks(task_names or default_tasks(config), tasks_dir)  # before the model: fail fast on bad task data
     probe = resolve_probe(config, probe_captions, probe_targets, probe_rows) if probes else None
     dev = pick_device(device)
     model = load_model(wdir, device=dev)
@@ -54,4 +62,4 @@ def run_eval(run_dir: str | Path, task_names: list[str], tasks_dir: str | None =
         raise DataError(f"{run_dir / rundir.CONFIG}: field 'max_len' must be a positive integer")
     result = evaluate_model(model, tokenizer, max_len, tasks, probe, batch_size, probe_batch, dev)
     result["device"] = dev
-    return record(run_dir, result, wdir / WEIGHTS, final_step(run_dir))
+    return record(run_dir, result, wdir / WEIGHTS, weights_step(run_dir, wdir))

@@ -21,6 +21,7 @@ from pathlib import Path
 from aleph.eval import rundir
 from aleph.report import launches, store_diff
 from aleph.report.gitdiff import CodeDiff, diff_revisions
+from aleph.train.config import RESUMABLE_CHANGES
 
 LEVELS = ("same", "info", "caveat", "blocker")
 
@@ -151,8 +152,8 @@ def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None) -> None:
               + (f" at {repo}" if repo else ""))
         return
     d.code_diff = cd
-    d.add(s, "info", f"{clean[0][:12]} -> {clean[1][:12]}: {len(cd.files)} file(s), "
-          f"{cd.lines_changed} line(s) changed")
+    d.add(s, "info", f"{clean[0][:12]} -> {clean[1][:12]}: {len(cd.files)} file(s) of the "
+          f"executed package (aleph/), {cd.lines_changed} line(s) changed")
     for f in cd.files:
         counts = "binary" if f.added is None else f"+{f.added} -{f.removed}"
         d.add(s, "info", f"  {f.path} ({counts}; {len(f.hunks)} hunk(s))")
@@ -164,10 +165,7 @@ INTENDED = ("arm", "seed")  # the experiment's variables
 LABELS = ("preset",)  # recorded names, not interpreted by the trainer
 # Fields that the trainer itself lets change between launches of one run because they do
 # not change what is computed (aleph.train.config.RESUMABLE_CHANGES is the source).
-try:
-    from aleph.train.config import RESUMABLE_CHANGES as _RESUMABLE
-except ImportError:  # a run directory can be diffed without the trainer installed
-    _RESUMABLE = frozenset()
+_RESUMABLE = RESUMABLE_CHANGES
 HOLDING = ("store_implementation",)  # how targets are held: judged in the target section
 
 

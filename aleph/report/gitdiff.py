@@ -37,15 +37,17 @@ def has_commit(repo: Path, rev: str) -> bool:
     return _git(repo, "cat-file", "-e", f"{rev}^{{commit}}").returncode == 0
 
 
-def diff_revisions(repo: str | Path, rev_a: str, rev_b: str) -> CodeDiff | None:
-    """The diff rev_a -> rev_b, or None when git, the checkout or either revision is missing."""
+def diff_revisions(repo: str | Path, rev_a: str, rev_b: str,
+                   paths: tuple[str, ...] = ("aleph",)) -> CodeDiff | None:
+    """The diff rev_a -> rev_b under `paths` (default: the package a run executes, which
+    its source hash covers), or None when git, the checkout or either revision is missing."""
     repo = Path(repo)
     if shutil.which("git") is None or not rev_a or not rev_b:
         return None
     if not (has_commit(repo, rev_a) and has_commit(repo, rev_b)):
         return None
-    numstat = _git(repo, "diff", "--numstat", rev_a, rev_b)
-    patch = _git(repo, "diff", "--unified=3", rev_a, rev_b)
+    numstat = _git(repo, "diff", "--numstat", rev_a, rev_b, "--", *paths)
+    patch = _git(repo, "diff", "--unified=3", rev_a, rev_b, "--", *paths)
     if numstat.returncode or patch.returncode:
         return None
     files = {}

@@ -16,8 +16,8 @@ from typing import Any
 
 from aleph.env import laws
 from aleph.errors import ConfigError
+from aleph.model.config import ARMS
 
-ARMS = ("a1_anchored", "a2_dense", "a3_random")
 STORE_IMPLEMENTATIONS = ("auto", "streaming", "in_ram")
 DEVICES = ("auto", "cpu", "cuda")
 SECRET_FIELDS = ("hf_token",)
@@ -75,7 +75,9 @@ class TrainConfig:
     gate_init: float = -3.0
     """Initial expert gate logit (sigmoid(-3) ~ 0.047)."""
     dropout: float = 0.1
-    """Dropout inside the encoder. Multi-process runs match one process exactly only at 0."""
+    """Dropout inside the encoder. E1's value is not public: 0.1 (BERT's) is our choice.
+    Multi-process runs follow the one-process loss trajectory exactly only at 0 (each rank
+    draws its own dropout masks)."""
 
     # --- objective ------------------------------------------------------------------
     tau: float = 0.07
@@ -129,7 +131,8 @@ class TrainConfig:
     num_threads: int = 0
     """torch CPU threads (0 = torch's default)."""
     deterministic: bool = False
-    """torch.use_deterministic_algorithms(True): bitwise-repeatable runs (slower on CUDA)."""
+    """torch.use_deterministic_algorithms(True): bitwise-repeatable runs (slower on CUDA; sets
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set, as cuBLAS requires)."""
 
     # --- cadence --------------------------------------------------------------------
     ckpt_every_steps: int = 2000

@@ -8,6 +8,7 @@ writer of the run directory, other ranks write only their own per-rank launch lo
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def run_dir_for(cfg: TrainConfig) -> Path:
 def train(cfg: TrainConfig) -> int:
     """Run (or resume) `runs/<arm>-s<seed>`; returns the exit code (0 also when stopped)."""
     wants_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cfg.deterministic and wants_cuda:  # must precede the first cuBLAS handle
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     world = init_world("cuda" if wants_cuda else "cpu")
     check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
     run_dir = run_dir_for(cfg)

@@ -105,7 +105,7 @@ def test_tensorboard_serves_the_runs_read_only(cfg):
     s = cfg["services"]["tensorboard"]
     assert s["ports"][0]["target"] == 6006 and s["ports"][0]["published"] == "6006"
     assert s["volumes"][0]["source"] == "work" and s["volumes"][0]["read_only"] is True
-    assert "/work/runs" in s["command"]
+    assert s["command"][:2] == ["aleph", "tensorboard"] and "/work/runs" in s["command"]
     assert s["logging"]["options"]["max-size"] == "20m"
 
 

@@ -1,5 +1,6 @@
 """`aleph eval` end to end on fabricated run directories holding real tiny models."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,11 @@ def test_trained_beats_untrained_and_every_field_is_recorded(tmp_path, work, cap
 
 
 def test_dense_arm_has_no_dispatch_column(tmp_path, work):
-    ev = _eval(make_run(tmp_path, "a2_dense", seed=0, steps=0), "--no-probes")
+    run = make_run(tmp_path, "a2_dense", seed=0, steps=0)
+    shutil.copytree(run / "weights" / "final", run / "weights" / "step-00000040")
+    ev = _eval(run, "--no-probes", "--weights", str(run / "weights" / "step-00000040"))
+    assert ev["weights"]["step"] == 40 and ev["weights"]["path"] == "weights/step-00000040/model.safetensors"
+    assert set(ev["tasks"]) == {"smoke", "tiny"}
     assert ev["has_bank"] is False and ev["toggle"] is None and ev["capability_dispatch_off"] is None
     assert ev["probes"] is None
     assert ev["tasks"]["smoke"]["spearman_dispatch_off"] is None
@@ -80,3 +85,20 @@ def test_eval_errors_name_what_is_wrong(tmp_path, work, capsys):
     assert main(["eval", str(run), "--tasks", "smoke"]) == 2
     assert "config.json: not valid JSON" in capsys.readouterr().err
     assert not (run / "eval.json").exists()
+
+
+def test_a_collapsed_model_is_an_error_naming_the_task(tmp_path, work, capsys):
+    import torch
+    from fixtures.runs import tiny_config
+
+    from aleph.model import build_model
+    from aleph.model.io import save_weights
+
+    run = make_run(tmp_path, "a2_dense", seed=0, steps=0, train_scalars=False)
+    model = build_model(tiny_config("a2_dense", 1024))
+    with torch.no_grad():  # every embedding becomes the same vector: all cosines equal
+        model.proj.weight.zero_()
+        model.proj.bias.fill_(1.0)
+    save_weights(model, run / "weights" / "final")
+    assert main(["eval", str(run), "--tasks", "tiny", "--tasks-dir", str(FIXTURES)]) == 2
+    assert "STS task 'tiny' (file:tiny.tsv): correlation undefined" in capsys.readouterr().err

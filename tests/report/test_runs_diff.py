@@ -134,6 +134,7 @@ def test_code_difference_lists_files_and_hunks_from_a_checkout(tmp_path):
     (repo / "aleph" / "store.py").write_text("A = 1\nB = 2\n")
     rev1 = _commit(repo, "one")
     (repo / "aleph" / "store.py").write_text("A = 1\nB = 3\nC = 4\n")
+    (repo / "README.md").write_text("not executed code: not part of the diff\n")
     rev2 = _commit(repo, "two")
     a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False, revision=rev1, source="1" * 64)
     b = make_run(tmp_path / "y", "a3_random", steps=0, train_scalars=False, revision=rev2 + "-dirty", source="2" * 64)
