@@ -50,7 +50,8 @@ class TrainConfig:
     """Tokenizer name (HF hub) or local directory; copied into the run directory. Empty with
     smoke_data: the smoke data's own tokenizer."""
     hf_token: str | None = None
-    """Token for gated HF downloads (secret: redacted in every echo and in config.json)."""
+    """Token for gated HF downloads of captions or tokenizer, exported as HF_TOKEN for
+    huggingface_hub (secret: redacted in every echo and in config.json)."""
     store_implementation: str = "auto"
     """Target store: 'auto' lets the store's quota planner choose (choice and reason are logged),
     or force 'streaming' (memmap) or 'in_ram'."""

@@ -56,9 +56,11 @@ class Reporter:
         return (f"step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch:.2f}/"
                 f"{self.s.cfg.epochs} loss {res.loss:.4f} (nce {res.nce:.4f} mse {res.mse:.6f}) "
                 f"lr {res.lr:.3g} {rate * self.s.cfg.batch_size:.0f} samples/s "
-                f"ETA {time.strftime('%H:%M:%S', time.gmtime(eta))}")
+                f"ETA {fmt_duration(eta)}")
 
     def write_metrics(self, step: int) -> None:
+        """metrics.json: wall_time_s = training seconds over all launches (setup excluded);
+        samples_per_sec = this launch's average; final = the last step's values."""
         s, res = self.s, self.result
         launch_s = time.monotonic() - self.t0
         done = (step - self.start_step) * s.cfg.batch_size
@@ -75,6 +77,14 @@ class Reporter:
     def close(self) -> None:
         if self.scalars is not None:
             self.scalars.close()
+
+
+def fmt_duration(seconds: float) -> str:
+    """'1d 02:03:04' style (E1 runs for days; a plain %H:%M:%S would wrap at 24 h)."""
+    total = int(round(seconds))
+    days, rest = divmod(total, 86400)
+    hms = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}d {hms}" if days else hms
 
 
 def read_metrics(run_dir) -> dict:
@@ -111,49 +121,70 @@ def _config_sha(s) -> str:
 
 def fit(s) -> tuple[str, str]:
     """Run steps until the end, a stop signal, or an error; returns (status, note)."""
-    cfg, world = s.cfg, s.world
     if s.pos.step >= s.total_steps:
         s.log(f"run already complete at step {s.pos.step}; nothing to train")
         finish(s, None)
         return "complete", "already complete"
-    stop = loop.StopFlag()
-    rep = Reporter(s, s.pos.step)
+    stop, rep, clock = loop.StopFlag(), Reporter(s, s.pos.step), Clock(s.pos.train_seconds)
     pause = loop.pause_step()
-    base_seconds, t_start, last_save = s.pos.train_seconds, time.monotonic(), time.monotonic()
     s.net.train()
     try:
         while s.pos.step < s.total_steps:
             res = one_step(s)
-            s.pos = advance(s.pos, s.order.steps_per_epoch, cfg.batch_size,
-                            base_seconds + time.monotonic() - t_start)
+            s.pos = advance(s.pos, s.order.steps_per_epoch, s.cfg.batch_size, clock.train_seconds())
             rep.after_step(s.pos.step, res)
-            minutes_due = cfg.ckpt_every_minutes > 0 and (
-                time.monotonic() - last_save >= 60 * cfg.ckpt_every_minutes)
-            step_due = cfg.ckpt_every_steps > 0 and s.pos.step % cfg.ckpt_every_steps == 0
-            time_due, stopping = world.any_flag(minutes_due, stop.is_set())
-            saved = False
-            if (step_due or time_due) and s.pos.step < s.total_steps:
-                save_state(s)
-                saved, last_save = True, time.monotonic()
-            if (world.is_main and cfg.weights_every_steps and s.pos.step < s.total_steps
-                    and s.pos.step % cfg.weights_every_steps == 0):  # the last step is weights/final
-                save_weights(s.model, s.run_dir / "weights" / f"step-{s.pos.step:08d}")
+            saved, stopping = after_step_saves(s, stop, clock)
             if pause is not None and s.pos.step == pause:
                 wait_for_signal(s, stop)
-                stopping = world.any_flag(stop.is_set())[0]
+                stopping = s.world.any_flag(stop.is_set())[0]
             if stopping and s.pos.step < s.total_steps:
                 if not saved:
                     save_state(s)
-                if world.is_main:
+                if s.world.is_main:
                     rep.write_metrics(s.pos.step)
-                s.log(f"stopped by {stop.signame or 'a signal on another rank'} after step "
-                      f"{s.pos.step}; resume state saved; a restart resumes from it")
+                who = stop.signame or "a signal on another rank"
+                s.log(f"stopped by {who} after step {s.pos.step}; resume state saved; "
+                      "a restart resumes from it")
                 return "stopped", f"{stop.signame or 'signal'} after step {s.pos.step}"
         finish(s, rep)
         return "complete", f"{s.pos.step} steps"
     finally:
         rep.close()
         stop.restore()
+
+
+class Clock:
+    """Training seconds over all launches, and the time of the last resume state."""
+
+    def __init__(self, base_seconds: float) -> None:
+        self.base, self.t0 = base_seconds, time.monotonic()
+        self.last_save = self.t0
+
+    def train_seconds(self) -> float:
+        return self.base + time.monotonic() - self.t0
+
+    def minutes_since_save(self) -> float:
+        return (time.monotonic() - self.last_save) / 60
+
+
+def after_step_saves(s, stop: loop.StopFlag, clock: Clock) -> tuple[bool, bool]:
+    """Resume state and periodic weights on their cadences; returns (saved, stop requested).
+
+    Ranks agree on the time-based save and on stopping (one tiny all-reduce), since the
+    clocks and the signal arrival differ per process and the save is a collective.
+    """
+    cfg, step = s.cfg, s.pos.step
+    minutes_due = cfg.ckpt_every_minutes > 0 and clock.minutes_since_save() >= cfg.ckpt_every_minutes
+    step_due = cfg.ckpt_every_steps > 0 and step % cfg.ckpt_every_steps == 0
+    time_due, stopping = s.world.any_flag(minutes_due, stop.is_set())
+    saved = False
+    if (step_due or time_due) and step < s.total_steps:  # the last step is saved by finish()
+        save_state(s)
+        saved, clock.last_save = True, time.monotonic()
+    if (s.world.is_main and cfg.weights_every_steps and step < s.total_steps
+            and step % cfg.weights_every_steps == 0):  # the last step is weights/final
+        save_weights(s.model, s.run_dir / "weights" / f"step-{step:08d}")
+    return saved, stopping
 
 
 def one_step(s) -> loop.StepResult:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
-from aleph._io import read_json, work_root
+from aleph._io import atomic_write_json, read_json, work_root
 from aleph.errors import AlephError, ConfigError, RunLocked
 from aleph.train import outputs
+from aleph.train.checkpoint import complete_steps
 from aleph.train.config import TrainConfig, check_same_run, to_dict
 from aleph.train.distributed import World, check_divisible, init_world
 from aleph.train.identity import LAUNCH_DIR, LaunchLog, RunLock, make_launch_id
@@ -30,6 +31,8 @@ def run_dir_for(cfg: TrainConfig) -> Path:
 def train(cfg: TrainConfig) -> int:
     """Run (or resume) `runs/<arm>-s<seed>`; returns the exit code (0 also when stopped)."""
     wants_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cfg.hf_token:  # huggingface_hub reads it for gated captions/tokenizer downloads
+        os.environ["HF_TOKEN"] = cfg.hf_token
     if cfg.deterministic and wants_cuda:  # must precede the first cuBLAS handle
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     world = init_world("cuda" if wants_cuda else "cpu")
@@ -67,7 +70,7 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str) -> in
     manifest = None
     try:
         if world.is_main:
-            _check_config(run_dir, cfg)
+            _check_config(run_dir, cfg, log)
             manifest = outputs.Manifest(run_dir, run_dir.name, cfg.arm, cfg.seed)
             manifest.start_launch(launch_id, f"{LAUNCH_DIR}/{name}", world.size)
         session = Session(cfg, world, run_dir, launch_id, log, manifest)
@@ -86,8 +89,12 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str) -> in
     return 0
 
 
-def _check_config(run_dir: Path, cfg: TrainConfig) -> None:
-    """Refuse a config that computes something else than the run's; write it on first launch."""
+def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:
+    """Refuse a config that computes something else than the run's trained state.
+
+    Written on the first launch. Until a resume state exists nothing has been trained, so
+    a new config (say a smaller batch after a failed VRAM probe) replaces the old one.
+    """
     path = run_dir / outputs.CONFIG
     if path.is_file():
         try:
@@ -95,9 +102,11 @@ def _check_config(run_dir: Path, cfg: TrainConfig) -> None:
         except ValueError as e:
             raise ConfigError(f"{path}: unreadable ({e}); it was written atomically, so it was "
                               "edited by hand: restore it or remove the run directory") from e
-        check_same_run(saved, cfg)
-    else:
-        from aleph._io import atomic_write_json
-
-        atomic_write_json(path, to_dict(cfg))
-
+        try:
+            check_same_run(saved, cfg)
+            return
+        except ConfigError as e:
+            if complete_steps(run_dir):
+                raise
+            log(f"config replaced (no resume state yet, nothing trained): {e}")
+    atomic_write_json(path, to_dict(cfg))

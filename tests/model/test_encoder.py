@@ -100,3 +100,25 @@ def test_bf16_autocast_forward_tracks_fp32(tiny):
         low = model(ids, mask)
     assert low.dtype == torch.float32 and torch.isfinite(low).all()
     assert (low * ref).sum(-1).min() > 0.99
+
+
+@pytest.mark.slow
+def test_compiles_as_one_graph_and_keeps_health_and_toggle(tiny):
+    """fullgraph=True: the health buffers and the dispatch switch cause no graph break."""
+    torch.manual_seed(0)
+    model = build_model(tiny("a1_anchored"))
+    with torch.no_grad():
+        for bank in model.banks():
+            bank.w_out.normal_(std=0.1)
+    ids, mask = _batch()
+    ref = model(ids, mask)
+    ref_health = model.health()
+    model.banks()[0]._usage.zero_()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    out = compiled(ids, mask)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert model.health() == pytest.approx(ref_health)  # buffers written from inside the graph
+    model.set_dispatch(False)
+    off = compiled(ids, mask)  # a guard on the switch recompiles; no stale graph
+    model.set_dispatch(True)
+    assert not torch.allclose(off, out)

@@ -80,3 +80,10 @@ def test_only_complete_checkpoints_count_and_two_are_kept(tmp_path):
     assert ckpt.remove_incomplete(tmp_path) == ["step-00000012"]
     pos, rngs, _ = ckpt.load(path, model, opt, sched)
     assert pos.samples_seen == 36 and len(rngs) == 1
+
+
+def test_eta_format_does_not_wrap_at_a_day():
+    from aleph.train.fit import fmt_duration
+
+    assert fmt_duration(59.6) == "00:01:00"
+    assert fmt_duration(3 * 86400 + 3723) == "3d 01:02:03"

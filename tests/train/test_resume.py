@@ -99,3 +99,16 @@ def test_changed_config_is_refused_without_touching_the_run(train_work):
     assert (run_dir / "config.json").read_bytes() == before
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert [x["status"] for x in manifest["launches"]] == ["complete"]
+
+
+def test_config_may_change_until_something_was_trained(train_work):
+    run_dir = train_work / "runs" / "a2_dense-s4"
+    bad = run_train(train_work, train_cmd("a2_dense", 4, "max_steps=2", "batch_size=2048"))
+    assert bad.returncode == 2
+    assert "'batch_size': 2048 exceeds the 1024 rows" in bad.stderr
+    launch = json.loads((run_dir / "manifest.json").read_text())["launches"][0]
+    assert (launch["status"], launch["exit_status"]) == ("failed", 2)
+    good = run_train(train_work, train_cmd("a2_dense", 4, "max_steps=2"))
+    assert good.returncode == 0, good.stderr
+    assert "config replaced (no resume state yet, nothing trained)" in good.stdout
+    assert json.loads((run_dir / "config.json").read_text())["batch_size"] == 32
