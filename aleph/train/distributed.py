@@ -36,6 +36,8 @@ class World:
     """Number of processes (world size)."""
     local_rank: int = 0
     """Rank on this node (picks the CUDA device)."""
+    collective_device: str = "cpu"
+    """Where small control tensors live for collectives: NCCL only moves CUDA tensors."""
 
     @property
     def is_main(self) -> bool:
@@ -65,11 +67,11 @@ class World:
         dist.all_gather_object(out, obj)
         return out
 
-    def any_flag(self, *flags: bool, device: torch.device | None = None) -> list[bool]:
+    def any_flag(self, *flags: bool) -> list[bool]:
         """Element-wise OR of boolean flags over ranks (so all ranks stop/save together)."""
         if not self.distributed:
             return list(flags)
-        t = torch.tensor([float(f) for f in flags], device=device or "cpu")
+        t = torch.tensor([float(f) for f in flags], device=self.collective_device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return [bool(v) for v in t.tolist()]
 
@@ -117,7 +119,8 @@ def init_world(device_kind: str) -> World:
         torch.cuda.set_device(local)
     # Generous timeout: rank 0 may build a 49 GB target store while the others wait.
     dist.init_process_group(backend=backend, timeout=timedelta(hours=6))
-    return World(rank=rank, size=size, local_rank=local)
+    device = f"cuda:{local}" if device_kind == "cuda" else "cpu"
+    return World(rank=rank, size=size, local_rank=local, collective_device=device)
 
 
 def check_divisible(batch_size: int, world: World) -> int:

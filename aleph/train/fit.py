@@ -135,7 +135,7 @@ def fit(s) -> tuple[str, str]:
             rep.after_step(s.pos.step, res)
             saved, stopping = after_step_saves(s, stop, clock)
             if pause is not None and s.pos.step == pause:
-                wait_for_signal(s, stop)
+                wait_for_signal(s, stop, rep)
                 stopping = s.world.any_flag(stop.is_set())[0]
             if stopping and s.pos.step < s.total_steps:
                 if not saved:
@@ -198,7 +198,10 @@ def one_step(s) -> loop.StepResult:
                            s.pos.step, s.device)
 
 
-def wait_for_signal(s, stop: loop.StopFlag) -> None:
+def wait_for_signal(s, stop: loop.StopFlag, rep: Reporter) -> None:
+    """The pause hook: flush everything first, so the paused run's files are at rest."""
+    if rep.scalars is not None:
+        rep.scalars.flush()
     s.log(f"pause hook: paused after step {s.pos.step} ({loop.PAUSE_ENV}); waiting for a signal")
     while not stop.is_set():
         time.sleep(0.05)

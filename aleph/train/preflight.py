@@ -134,21 +134,34 @@ def prepare_targets(cfg: TrainConfig, sources: list[str], world: World, log) -> 
     return store
 
 
-def token_store_dir(captions_sha: str, tok_fp: str, max_len: int) -> Path:
-    key = sha256_json({"captions": captions_sha, "tokenizer": tok_fp, "max_len": max_len})[:16]
-    return work_root() / "cache" / "tokens" / key
+def captions_identity(source: str) -> dict[str, Any]:
+    """Cheap identity of a caption source: a file's path, size and mtime; else the dataset id.
+
+    Keys the token-store cache so a resumed launch does not re-read 31.9M captions just to
+    find its store (the store's own manifest still records the captions' sha256).
+    """
+    path = Path(source)
+    if path.is_file():
+        st = path.stat()
+        return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"dataset": source}
 
 
-def prepare_tokens(cfg: TrainConfig, src: Sources, log) -> tuple[Any, Any]:
-    """Load captions and tokenizer, then open or build the token store (rank 0)."""
+def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log) -> Any:
+    """Open the cached token store of (captions, tokenizer, max_len) or build it (rank 0)."""
     from aleph.data.captions import load_captions
-    from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
-    from aleph.data.tokens import build_token_store, captions_sha256
+    from aleph.data.tokenizer import tokenizer_fingerprint
+    from aleph.data.tokens import build_token_store, open_token_store
 
-    tokenizer = load_tokenizer(src.tokenizer)
-    captions = load_captions(src.captions)
-    out = token_store_dir(captions_sha256(captions), tokenizer_fingerprint(tokenizer), cfg.max_len)
-    hit = out.exists()
-    store = build_token_store(captions, tokenizer, out, cfg.max_len)
-    log(f"token store: {'cache hit' if hit else 'built'} {out} ({store.rows:,} rows x {store.max_len})")
-    return tokenizer, store
+    fp = tokenizer_fingerprint(tokenizer)
+    key = sha256_json({"captions": captions_identity(src.captions), "tokenizer": fp,
+                       "max_len": cfg.max_len})[:16]
+    out = work_root() / "cache" / "tokens" / key
+    if out.exists():
+        store = open_token_store(out)
+        if (store.manifest.get("tokenizer_fingerprint"), store.max_len) == (fp, cfg.max_len):
+            log(f"token store: cache hit {out} ({store.rows:,} rows x {store.max_len})")
+            return store
+    store = build_token_store(load_captions(src.captions), tokenizer, out, cfg.max_len)
+    log(f"token store: built {out} ({store.rows:,} rows x {store.max_len})")
+    return store

@@ -13,16 +13,17 @@ from aleph.model import ModelConfig, build_model
 from aleph.train import checkpoint as ckpt
 from aleph.train import loop, outputs, preflight
 from aleph.train.config import TrainConfig, echo
-from aleph.train.distributed import World, check_divisible
+from aleph.train.distributed import World
 from aleph.train.identity import hostname
 
 
 class Session:
+    """State of one launch on one rank; `run()` goes header -> data -> model -> loop."""
+
     def __init__(self, cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, log,
                  manifest: outputs.Manifest | None) -> None:
         self.cfg, self.world, self.run_dir, self.log = cfg, world, run_dir, log
         self.launch_id, self.manifest = launch_id, manifest
-        self.local_batch = check_divisible(cfg.batch_size, world)
 
     def run(self) -> tuple[str, str]:
         """(status, note) of the launch: 'complete' or 'stopped'."""
@@ -96,7 +97,7 @@ class Session:
         info = None
         if self.world.is_main:
             targets = preflight.prepare_targets(self.cfg, self.sources.targets, self.world, self.log)
-            _, tokens = preflight.prepare_tokens(self.cfg, self.sources, self.log)
+            tokens = preflight.prepare_tokens(self.cfg, self.sources, self.tokenizer, self.log)
             info = (str(tokens.path), str(targets.store_dir), targets.implementation)
             self.targets, self.tokens = targets, tokens
         info = self.world.broadcast_object(info)
@@ -111,7 +112,8 @@ class Session:
         t = self.targets
         self.manifest.set_store({
             "manifest_sha256": t.manifest_sha256, "implementation": t.implementation,
-            "byte_length": t.byte_length, "rows": t.rows, "dim": t.dim, "dir": str(t.store_dir),
+            "byte_length": t.byte_length, "rows": t.rows, "dim": t.dim,
+            "dtype": t.manifest["dtype"], "dir": str(t.store_dir),
             "token_store": str(self.tokens.path), "captions": self.sources.captions})
         out = self.run_dir / "tokenizer"
         if not out.is_dir():  # save into a temporary sibling, then rename: complete or absent

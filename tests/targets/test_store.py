@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ import torch
 
 from aleph.errors import StoreError
 from aleph.targets import build_store, open_store, verify_store
+from aleph.targets import store as store_mod
+from aleph.targets.store import TargetStore, load_manifest
 
 
 @pytest.fixture
@@ -89,3 +92,49 @@ def test_gather_pins_when_cuda_is_available(built):
         out = open_store(d, impl).gather([5, 1], pin=True)
         assert out.is_pinned() and torch.equal(out, ref[[5, 1]])
         assert not open_store(d, impl).gather([5, 1]).is_pinned()
+
+
+def _mapping_kb(addr: int) -> dict[str, int]:
+    """Size and Rss (KiB) of this process's mapping that starts at `addr`, from smaps."""
+    found, fields = False, {}
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                if found:
+                    break
+                found = int(head.split("-")[0], 16) == addr
+            elif found and head in ("Size:", "Rss:"):
+                fields[head[:-1]] = int(line.split()[1])
+    assert found, f"no mapping at {addr:#x}"
+    return fields
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
+@pytest.mark.parametrize("populate", [True, False], ids=["populate_read", "touch_fallback"])
+def test_prefault_maps_every_page_and_gathers_the_same_rows(make_chunks, tmp_path, monkeypatch,
+                                                            populate):
+    paths, ref = make_chunks(rows=(600, 424), dim=256)  # 1024 rows x 512 B: 128 pages
+    build_store(paths, tmp_path / "s")
+    if not populate:  # an advice the kernel refuses (EINVAL): the strided touch must do it
+        monkeypatch.setattr(store_mod, "MADV_POPULATE_READ", -1)
+    fresh = open_store(tmp_path / "s")
+    assert fresh.prefaulted is None
+    assert _mapping_kb(fresh._mm.ctypes.data)["Rss"] == 0  # nothing mapped until touched
+    warm = open_store(tmp_path / "s", prefault=True)
+    assert warm.prefaulted == ("populate_read" if populate else "touch")
+    kb = _mapping_kb(warm._mm.ctypes.data)
+    assert kb["Size"] >= 512 and kb["Rss"] == kb["Size"]  # every page mapped at open
+    idx = np.random.default_rng(0).permutation(1024)[:700]
+    got = warm.gather(idx)
+    assert torch.equal(got, ref[idx]) and torch.equal(got, fresh.gather(idx))
+    assert torch.equal(warm.gather(torch.from_numpy(idx)), ref[idx])
+
+
+def test_in_ram_gather_of_a_strided_tensor(built):
+    d, ref = built
+    strided = ref.t().contiguous().t()  # same rows, column-major storage
+    assert not strided.is_contiguous()
+    store = TargetStore(d, load_manifest(d), "in_ram", strided)
+    idx = np.array([99, 0, 42, 42, 7])
+    assert torch.equal(store.gather(idx), ref[idx])
