@@ -206,6 +206,8 @@ def _check_sources(c: TrainConfig, bad) -> None:
         raise bad("captions", "a caption file or HF dataset id (or smoke_data=true)")
     if not c.targets:
         raise bad("targets", "one or more target chunk files or a directory (or smoke_data=true)")
+    if not c.tokenizer:
+        raise bad("tokenizer", "a tokenizer name or directory (empty only with smoke_data=true)")
 
 
 def _check_types(c: TrainConfig) -> None:

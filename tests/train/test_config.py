@@ -25,6 +25,8 @@ def test_e1_preset_is_the_published_shape():
 def test_e1_without_sources_names_the_field():
     with pytest.raises(ConfigError, match="'captions'"):
         resolve("e1", arm="a2_dense")
+    with pytest.raises(ConfigError, match="'tokenizer'"):
+        resolve("e1", overrides=[*E1_SOURCES, "tokenizer="], arm="a2_dense")
 
 
 @pytest.mark.parametrize("override,field", [

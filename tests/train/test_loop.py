@@ -87,3 +87,14 @@ def test_eta_format_does_not_wrap_at_a_day():
 
     assert fmt_duration(59.6) == "00:01:00"
     assert fmt_duration(3 * 86400 + 3723) == "3d 01:02:03"
+
+
+def test_nonfinite_gradient_stops_before_the_update():
+    cfg, model, opt, sched = _tiny()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    next(model.parameters()).register_hook(lambda g: g * float("inf"))  # finite loss, inf grad
+    ids, mask = torch.randint(5, 50, (4, 8)), torch.ones(4, 8, dtype=torch.bool)
+    good = torch.nn.functional.normalize(torch.randn(4, 768), dim=-1)
+    with pytest.raises(NonFiniteError, match=r"step 3: gradient norm is (inf|nan) \(loss \d"):
+        train_step(model, opt, sched, ids, mask, good, cfg, World(), 2, torch.device("cpu"))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
