@@ -81,13 +81,15 @@ WORKDIR /opt/aleph
 # Dependency layer first, so a code edit does not reinstall 4 GB of wheels.
 # The check fails the build by name when a cu124 hash is missing (that index could not
 # be reached when the lock was written): run `lockfiles/relock.py --fill-cu124` first.
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124
+# image-cu124.txt names the PyTorch cu124 index itself (its --index-url line, from the one
+# constant in relock.py), so only torch/torchvision/torchaudio come from there; everything
+# else, the nvidia wheels included, comes from the default index (pytorch/pytorch#193491).
 COPY lockfiles/ lockfiles/
 RUN python3 lockfiles/relock.py --check-complete lockfiles/image-cu124.txt
 RUN --mount=type=cache,target=/root/.cache/pip \
     python3 -m pip install --require-hashes --no-deps --only-binary :all: -r lockfiles/image.txt \
     && python3 -m pip install --require-hashes --no-deps --only-binary :all: \
-       --index-url "${TORCH_INDEX_URL}" -r lockfiles/image-cu124.txt \
+       -r lockfiles/image-cu124.txt \
     && python3 -m pip check
 
 # The code, baked in: runs from PYTHONPATH, so it adds no distribution to the freeze.
