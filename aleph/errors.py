@@ -38,3 +38,14 @@ class RunLocked(AlephError):
 
 class QuotaError(AlephError):
     """A plan does not fit the memory or disk quota."""
+
+
+class NonFiniteError(AlephError):
+    """Training produced a NaN/Inf loss or gradient norm; the optimiser step was not taken.
+
+    The run directory is left at its last complete resume state (nothing of the bad step is
+    saved), so a relaunch resumes from there; lower the learning rate or check the targets
+    for non-finite rows first, or it will diverge again.
+    """
+
+    exit_code = 65  # EX_DATAERR: the numbers went bad, distinct from config (2) and lock (75)

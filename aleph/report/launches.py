@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as _dt
 from pathlib import Path
 
+from aleph.train.outputs import COMPLETE, STATUSES, STOPPED
+
 # The header is among the launch's first lines (aleph.train.session.Session.header);
 # each item is a message that starts with its marker. Lines read `[<tag>] <UTC> <message>`.
 HEADER_LINES = 12
@@ -68,6 +70,26 @@ def header_problem(log: Path, launch_id: str) -> str | None:
     return None
 
 
+def _status_findings(i: int, n: int, lid: str, status, code) -> list[tuple[str, str]]:
+    """How launch i of n ended, judged by the trainer's statuses (aleph.train.outputs).
+
+    complete/exit 0: nothing to say. stopped/exit 0 before a later launch: an ordinary
+    resume (the launch count names it). failed, lost, running, or a non-zero exit status:
+    a caveat, a blocker when it is the last launch; so is a last launch that stopped: the
+    run did not finish. A status the trainer never writes is a caveat naming it.
+    """
+    last = i == n
+    if status not in STATUSES:
+        text = (f"launch {i} ({lid}) has status {status!r}, which the trainer does not write "
+                f"({', '.join(STATUSES)}): how it ended is unknown")
+        return [("blocker", text + ": the run may not have finished")] if last else [("caveat", text)]
+    if status in (COMPLETE, STOPPED) and code == 0 and (status == COMPLETE or not last):
+        return []
+    ended = (f"launch {i} ({lid}) ended {status} with exit status {code}" if code is not None
+             else f"launch {i} ({lid}) ended {status} (no exit status recorded)")
+    return [("blocker", ended + ": the run did not finish")] if last else [("caveat", ended)]
+
+
 def check_launches(run_dir: Path, manifest: dict) -> list[tuple[str, str]]:
     """(level, text) findings about one run's launches."""
     entries = manifest.get("launches") or []
@@ -88,11 +110,7 @@ def check_launches(run_dir: Path, manifest: dict) -> list[tuple[str, str]]:
                             f"{i - 1} ended: overlapping launches (duplicate orchestrator?)"))
             else:
                 out.append(("info", f"gap of {_duration(gap)} before launch {i} ({lid})"))
-        status, code = e.get("status"), e.get("exit_status")
-        if status in ("lost", "running") or (code not in (0, None)):
-            level = "caveat" if i < n else "blocker"
-            out.append((level, f"launch {i} ({lid}) ended {status or ''} with exit status {code}"
-                        + ("" if i < n else ": the run did not finish")))
+        out.extend(_status_findings(i, n, lid, e.get("status"), e.get("exit_status")))
         if e.get("log"):
             problem = header_problem(Path(run_dir) / e["log"], lid)
             if problem:

@@ -38,10 +38,10 @@ class TrainConfig:
 
     # --- data -----------------------------------------------------------------------
     smoke_data: bool = False
-    """Use the embedded, generated smoke data under <work>/data/smoke (offline). Then captions,
+    """Use the embedded, generated smoke data under <work>/data/smoke-<smoke_rows> (offline). Then captions,
     targets and tokenizer must be left empty: they come from the smoke data."""
     smoke_rows: int = 4096
-    """Rows of the generated smoke data (only with smoke_data)."""
+    """Rows of the generated smoke data (only with smoke_data); each size has its own directory."""
     captions: str = ""
     """Caption source: a text/jsonl/json/parquet file or a HF dataset id (row i pairs with target row i)."""
     targets: tuple[str, ...] = ()

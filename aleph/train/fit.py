@@ -121,11 +121,13 @@ def _config_sha(s) -> str:
 
 def fit(s) -> tuple[str, str]:
     """Run steps until the end, a stop signal, or an error; returns (status, note)."""
+    stop = s.stop
+    stop.set_mode("flag")  # from the first step on: finish the step, save, then stop
     if s.pos.step >= s.total_steps:
         s.log(f"run already complete at step {s.pos.step}; nothing to train")
         finish(s, None)
         return "complete", "already complete"
-    stop, rep, clock = loop.StopFlag(), Reporter(s, s.pos.step), Clock(s.pos.train_seconds)
+    rep, clock = Reporter(s, s.pos.step), Clock(s.pos.train_seconds)
     pause = loop.pause_step()
     s.net.train()
     try:
@@ -149,8 +151,7 @@ def fit(s) -> tuple[str, str]:
         finish(s, rep)
         return "complete", f"{s.pos.step} steps"
     finally:
-        rep.close()
-        stop.restore()
+        rep.close()  # the stop handlers are restored by run.train(), which installed them
 
 
 class Clock:
@@ -187,13 +188,24 @@ def after_step_saves(s, stop: loop.StopFlag, clock: Clock) -> tuple[bool, bool]:
     return saved, stopping
 
 
-def one_step(s) -> loop.StepResult:
+def load_batch(s) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's rows of the current step: (ids (b, L), mask (b, L), target (b, D)) on device.
+
+    L is the batch's longest row, or max_len when the model is compiled (one static shape:
+    see loop.fixed_length).
+    """
     idx = s.order.indices(s.pos.epoch, s.pos.batch_in_epoch, s.world)  # (B / W,)
     ids, mask = s.tokens.gather(idx)  # (b, L') each
+    if s.cfg.compile:
+        ids, mask = loop.fixed_length(ids, mask, s.tokens.max_len, s.tokens.pad_id)  # (b, max_len)
     cuda = s.device.type == "cuda"
     target = s.targets.gather(idx, pin=cuda)  # (b, D) fp16
     ids, mask = ids.to(s.device, non_blocking=True), mask.to(s.device, non_blocking=True)
-    target = target.to(s.device, non_blocking=True)
+    return ids, mask, target.to(s.device, non_blocking=True)
+
+
+def one_step(s) -> loop.StepResult:
+    ids, mask, target = load_batch(s)
     return loop.train_step(s.net, s.opt, s.sched, ids, mask, target, s.cfg, s.world,
                            s.pos.step, s.device)
 

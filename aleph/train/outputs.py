@@ -15,6 +15,12 @@ from typing import Any
 from aleph._io import atomic_write_json, read_json
 from aleph.train.identity import code_revision, hostname, source_sha256, utc_now
 
+# Launch statuses in manifest.json: 'running' while the launch lives; then 'complete' (all
+# steps done), 'stopped' (SIGTERM/SIGINT: exit 0, resumable), 'failed' (an error, with its
+# exit status) or 'lost' (set by a later launch for one that died without recording its end).
+RUNNING, COMPLETE, STOPPED, FAILED, LOST = "running", "complete", "stopped", "failed", "lost"
+STATUSES = (RUNNING, COMPLETE, STOPPED, FAILED, LOST)
+
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"
 CONFIG = "config.json"
@@ -40,14 +46,14 @@ class Manifest:
         else:
             self.data = {"run_id": run_id, "arm": arm, "seed": seed, "launches": []}
         for launch in self.data["launches"]:
-            if launch.get("status") == "running":
-                launch["status"] = "lost"
+            if launch.get("status") == RUNNING:
+                launch["status"] = LOST
                 launch["note"] = "ended without recording its end (killed: SIGKILL, OOM or host loss)"
 
     def start_launch(self, launch_id: str, log: str, world_size: int) -> None:
         self.data["launches"].append({
             "launch_id": launch_id, "start": utc_now(), "end": None, "exit_status": None,
-            "status": "running", "host": hostname(), "pid": os.getpid(), "log": log,
+            "status": RUNNING, "host": hostname(), "pid": os.getpid(), "log": log,
             "world_size": world_size,
         })
         self.data["code_revision"] = code_revision()
@@ -60,6 +66,8 @@ class Manifest:
         self.write()
 
     def end_launch(self, exit_status: int, status: str, note: str = "") -> None:
+        if status not in STATUSES:  # programming error: readers (aleph runs diff) key on these
+            raise ValueError(f"launch status {status!r}: expected one of {', '.join(STATUSES)}")
         launch = self.data["launches"][-1]
         launch.update({"end": utc_now(), "exit_status": exit_status, "status": status})
         if note:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from aleph._io import sha256_json, work_root
-from aleph.errors import ConfigError, QuotaError
+from aleph._io import atomic_write_json, read_json, sha256_json, work_root
+from aleph.errors import ConfigError, QuotaError, StoreError
 from aleph.train.config import TrainConfig
 from aleph.train.distributed import World
 
@@ -83,12 +83,20 @@ class Sources:
     tokenizer: str
 
 
+def smoke_root(rows: int) -> Path:
+    """<work>/data/smoke-<rows>: one directory per smoke size, so runs of different sizes in
+    one work root do not rebuild each other's set (ensure_smoke_data keeps one set per root).
+    The trainer always generates with the smoke generator's default seed, so only the row
+    count varies and only it is in the name."""
+    return work_root() / "data" / f"smoke-{rows}"
+
+
 def resolve_sources(cfg: TrainConfig) -> Sources:
     """Smoke data (generated on first use) or the configured paths; directories expand."""
     if cfg.smoke_data:
         from aleph.data.smoke import ensure_smoke_data
 
-        smoke = ensure_smoke_data(work_root() / "data" / "smoke", rows=cfg.smoke_rows)
+        smoke = ensure_smoke_data(smoke_root(cfg.smoke_rows), rows=cfg.smoke_rows)
         return Sources(str(smoke.captions), [str(p) for p in smoke.target_chunks],
                        cfg.tokenizer or str(smoke.tokenizer_dir))
     return Sources(cfg.captions, expand_targets(cfg.targets), cfg.tokenizer)
@@ -137,8 +145,8 @@ def prepare_targets(cfg: TrainConfig, sources: list[str], world: World, log) -> 
 def captions_identity(source: str) -> dict[str, Any]:
     """Cheap identity of a caption source: a file's path, size and mtime; else the dataset id.
 
-    Keys the token-store cache so a resumed launch does not re-read 31.9M captions just to
-    find its store (the store's own manifest still records the captions' sha256).
+    Keys the memo of the captions' sha256 (see `captions_digest`), so a resumed launch does
+    not re-read 31.9M captions just to find its token store.
     """
     path = Path(source)
     if path.is_file():
@@ -147,21 +155,60 @@ def captions_identity(source: str) -> dict[str, Any]:
     return {"dataset": source}
 
 
+CAPTIONS_MEMO_DIR = ("cache", "captions-sha256")
+
+
+def captions_digest(source: str, load) -> tuple[str, list[str] | None]:
+    """(sha256 of the captions as `aleph.data.tokens.captions_sha256` defines it, the captions
+    if they had to be read, else None).
+
+    The token-store cache is keyed by that content hash (`token_store_dir`, shared with
+    `aleph data tokens`). Hashing means reading every caption, so the digest is memoised
+    in <work>/cache/captions-sha256/<key>.json under the source's cheap identity (path,
+    size, mtime; or the dataset id): a changed file gets a new identity and is re-hashed.
+    """
+    from aleph.data.tokens import captions_sha256
+
+    identity = captions_identity(source)
+    memo = work_root().joinpath(*CAPTIONS_MEMO_DIR) / f"{sha256_json(identity)[:16]}.json"
+    if memo.is_file():
+        try:
+            saved = read_json(memo)
+        except ValueError:
+            saved = {}  # written atomically, so a hand edit: recompute and rewrite it
+        digest = saved.get("captions_sha256")
+        if saved.get("identity") == identity and isinstance(digest, str) and len(digest) == 64:
+            return digest, None
+    captions = load(source)
+    digest = captions_sha256(captions)
+    atomic_write_json(memo, {"identity": identity, "captions_sha256": digest})
+    return digest, captions
+
+
 def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log) -> Any:
-    """Open the cached token store of (captions, tokenizer, max_len) or build it (rank 0)."""
+    """Open the cached token store of (captions, tokenizer, max_len) or build it (rank 0).
+
+    The store directory is `aleph.data.tokens.token_store_dir` of the captions' content
+    hash, so `aleph data tokens` and training find each other's stores.
+    """
     from aleph.data.captions import load_captions
     from aleph.data.tokenizer import tokenizer_fingerprint
-    from aleph.data.tokens import build_token_store, open_token_store
+    from aleph.data.tokens import build_token_store, open_token_store, token_store_dir
 
+    digest, captions = captions_digest(src.captions, load_captions)
     fp = tokenizer_fingerprint(tokenizer)
-    key = sha256_json({"captions": captions_identity(src.captions), "tokenizer": fp,
-                       "max_len": cfg.max_len})[:16]
-    out = work_root() / "cache" / "tokens" / key
+    out = token_store_dir(digest, fp, cfg.max_len)
     if out.exists():
         store = open_token_store(out)
-        if (store.manifest.get("tokenizer_fingerprint"), store.max_len) == (fp, cfg.max_len):
-            log(f"token store: cache hit {out} ({store.rows:,} rows x {store.max_len})")
-            return store
-    store = build_token_store(load_captions(src.captions), tokenizer, out, cfg.max_len)
+        want = {"captions_sha256": digest, "tokenizer_fingerprint": fp, "max_len": cfg.max_len}
+        diff = sorted(k for k, v in want.items() if store.manifest.get(k) != v)
+        if diff:
+            raise StoreError(f"token store {out}: its manifest differs from this run's {diff}; "
+                             "remove the directory so it is rebuilt")
+        log(f"token store: cache hit {out} ({store.rows:,} rows x {store.max_len})")
+        return store
+    if captions is None:
+        captions = load_captions(src.captions)
+    store = build_token_store(captions, tokenizer, out, cfg.max_len)
     log(f"token store: built {out} ({store.rows:,} rows x {store.max_len})")
     return store

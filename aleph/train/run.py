@@ -21,6 +21,7 @@ from aleph.train.checkpoint import complete_steps
 from aleph.train.config import TrainConfig, check_same_run, to_dict
 from aleph.train.distributed import World, check_divisible, init_world
 from aleph.train.identity import LAUNCH_DIR, LaunchLog, RunLock, make_launch_id
+from aleph.train.loop import StopFlag, StopRequested
 from aleph.train.session import Session
 
 
@@ -39,10 +40,17 @@ def train(cfg: TrainConfig) -> int:
     check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
     run_dir = run_dir_for(cfg)
     lock = RunLock(run_dir)
+    stop = None
     try:
         launch_id = _lock_and_name(lock, world)
-        return _launch(cfg, world, run_dir, launch_id)
+        # Stop handlers from the moment the lock is held: a SIGTERM/SIGINT during store
+        # builds must end this launch as 'stopped', not kill it (the next launch would
+        # then find it 'running' and mark it 'lost').
+        stop = StopFlag("flag")
+        return _launch(cfg, world, run_dir, launch_id, stop)
     finally:
+        if stop is not None:
+            stop.restore()
         lock.release()
         world.shutdown()
 
@@ -62,7 +70,7 @@ def _lock_and_name(lock: RunLock, world: World) -> str:
     return verdict[1]
 
 
-def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str) -> int:
+def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop: StopFlag) -> int:
     name = f"{launch_id}.log" if world.is_main else f"{launch_id}.rank{world.rank}.log"
     tag = launch_id if world.is_main else f"{launch_id}/rank{world.rank}"
     # Only rank 0 echoes to the console: torchrun interleaves every rank's stdout.
@@ -73,9 +81,24 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str) -> in
             _check_config(run_dir, cfg, log)
             manifest = outputs.Manifest(run_dir, run_dir.name, cfg.arm, cfg.seed)
             manifest.start_launch(launch_id, f"{LAUNCH_DIR}/{name}", world.size)
-        session = Session(cfg, world, run_dir, launch_id, log, manifest)
+        # The launch is on record: from here until the first step a signal interrupts at
+        # once (raises StopRequested, also for a signal that came in meanwhile).
+        stop.set_mode("interrupt")
+        session = Session(cfg, world, run_dir, launch_id, log, manifest, stop)
         status, note = session.run()
+    except StopRequested as e:
+        stop.set_mode("flag")  # a signal during the bookkeeping below must not interrupt it
+        note = f"{e.signame} before the first step"
+        log(f"stopped by {e.signame} in preflight (before the first step); nothing was trained "
+            "in this launch; a build it interrupted is left unmarked as complete and a restart "
+            "redoes it")
+        if manifest is not None:
+            manifest.end_launch(0, "stopped", note)
+        log(f"launch ended: stopped: {note}")
+        log.close()
+        return 0
     except BaseException as e:
+        stop.set_mode("flag")
         code = e.exit_code if isinstance(e, AlephError) else (130 if isinstance(e, KeyboardInterrupt) else 1)
         log(f"launch failed: {type(e).__name__}: {e}")
         if manifest is not None:

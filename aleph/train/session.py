@@ -21,16 +21,21 @@ class Session:
     """State of one launch on one rank; `run()` goes header -> data -> model -> loop."""
 
     def __init__(self, cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, log,
-                 manifest: outputs.Manifest | None) -> None:
+                 manifest: outputs.Manifest | None, stop: loop.StopFlag) -> None:
         self.cfg, self.world, self.run_dir, self.log = cfg, world, run_dir, log
-        self.launch_id, self.manifest = launch_id, manifest
+        self.launch_id, self.manifest, self.stop = launch_id, manifest, stop
 
     def run(self) -> tuple[str, str]:
-        """(status, note) of the launch: 'complete' or 'stopped'."""
+        """(status, note) of the launch: 'complete' or 'stopped'.
+
+        Until fit() starts the step loop the stop handlers are in 'interrupt' mode: a signal
+        raises loop.StopRequested wherever preflight is (run.py records 'stopped', exit 0).
+        """
         from aleph.train.fit import fit
 
         self.header()
         self.prepare_data()
+        loop.preflight_pause("model", self.log, self.stop)
         self.build()
         return fit(self)
 
@@ -96,7 +101,9 @@ class Session:
 
         info = None
         if self.world.is_main:
+            loop.preflight_pause("targets", self.log, self.stop)
             targets = preflight.prepare_targets(self.cfg, self.sources.targets, self.world, self.log)
+            loop.preflight_pause("tokens", self.log, self.stop)
             tokens = preflight.prepare_tokens(self.cfg, self.sources, self.tokenizer, self.log)
             info = (str(tokens.path), str(targets.store_dir), targets.implementation)
             self.targets, self.tokens = targets, tokens

@@ -179,3 +179,35 @@ def test_bad_run_directories_are_named(tmp_path, capsys):
     edit(a, "manifest.json", lambda m: m.pop("environment"))
     assert main(["runs", "diff", str(a), str(a)]) == 2
     assert "manifest.json: missing field 'environment'" in capsys.readouterr().err
+
+
+def test_launch_statuses_are_the_trainers_and_each_is_judged(tmp_path):
+    from aleph.train.outputs import STATUSES
+
+    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False, launches=[
+        {"launch_id": "L1", "start": "2026-08-07T02:00:00Z", "end": "2026-08-07T03:00:00Z"},
+        {"launch_id": "L2", "start": "2026-08-07T04:00:00Z", "end": "2026-08-07T05:00:00Z",
+         "exit_status": 0, "status": "complete"}])
+    assert {x["status"] for x in read_json(a / "manifest.json")["launches"]} <= set(STATUSES)
+
+    def first(status, code):
+        edit(b, "manifest.json", lambda m: m["launches"][0].update(status=status, exit_status=code))
+        d = diff_runs(a, b)
+        return d.verdict, [c for c in d.caveats if c != "B: 2 launch(es): resumed 1 time(s)"], d.blockers
+
+    # a stop (SIGTERM, exit 0) followed by a resume is the ordinary resume: no extra finding
+    assert first("stopped", 0) == ("equivalent with caveats", [], [])
+    assert first("failed", 65) == ("equivalent with caveats",
+                                   ["B: launch 1 (L1) ended failed with exit status 65"], [])
+    # the trainer marks a killed launch 'lost' without an exit status
+    assert first("lost", None)[1] == ["B: launch 1 (L1) ended lost (no exit status recorded)"]
+    assert first("running", None)[1] == ["B: launch 1 (L1) ended running (no exit status recorded)"]
+    assert first("completed", 0)[1] == [
+        "B: launch 1 (L1) has status 'completed', which the trainer does not write "
+        "(running, complete, stopped, failed, lost): how it ended is unknown"]
+
+    first("complete", 0)
+    edit(b, "manifest.json", lambda m: m["launches"][1].update(status="stopped", exit_status=0))
+    assert diff_runs(a, b).blockers == ["B: launch 2 (L2) ended stopped with exit status 0: "
+                                        "the run did not finish"]

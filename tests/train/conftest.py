@@ -19,6 +19,11 @@ TINY = ["--preset", "smoke", "--set", f"smoke_rows={SMOKE_ROWS}", "--set", "batc
         "--set", "weights_every_steps=0", "--set", "num_threads=1"]
 
 
+def smoke_dir(work: Path, rows: int = SMOKE_ROWS) -> Path:
+    """Where the trainer looks for smoke data of `rows` rows (aleph.train.preflight.smoke_root)."""
+    return work / "data" / f"smoke-{rows}"
+
+
 @pytest.fixture(scope="session")
 def smoke_data_dir(tmp_path_factory) -> Path:
     """Smoke data generated once per session; tests copy it into their own work root."""
@@ -31,13 +36,14 @@ def smoke_data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def train_work(work, smoke_data_dir) -> Path:
-    shutil.copytree(smoke_data_dir, work / "data" / "smoke")
+    shutil.copytree(smoke_data_dir, smoke_dir(work))
     return work
 
 
 def child_env(work: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ, ALEPH_WORK=str(work), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.pop("ALEPH_TRAIN_PAUSE_AFTER_STEP", None)
+    for hook in ("ALEPH_TRAIN_PAUSE_AFTER_STEP", "ALEPH_TRAIN_PAUSE_IN_PREFLIGHT"):
+        env.pop(hook, None)
     env.update(extra)
     return env
 

@@ -11,7 +11,14 @@ import sys
 
 import pytest
 
-from tests.train.conftest import run_train, start_train, tb_scalars, train_cmd, wait_for_log
+from tests.train.conftest import (
+    run_train,
+    smoke_dir,
+    start_train,
+    tb_scalars,
+    train_cmd,
+    wait_for_log,
+)
 
 SETS = ("max_steps=8", "ckpt_every_steps=100")
 
@@ -34,7 +41,7 @@ def single(tmp_path_factory, smoke_data_dir):
     import shutil
 
     work = tmp_path_factory.mktemp("single") / "work"
-    shutil.copytree(smoke_data_dir, work / "data" / "smoke")
+    shutil.copytree(smoke_data_dir, smoke_dir(work))
     proc = run_train(work, train_cmd("a1_anchored", 4, *SETS))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return _losses(work / "runs" / "a1_anchored-s4")

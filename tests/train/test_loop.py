@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from aleph.errors import AlephError, NonFiniteError
 from aleph.model import ModelConfig, build_model
 from aleph.train import checkpoint as ckpt
 from aleph.train.config import resolve
 from aleph.train.distributed import World
 from aleph.train.loop import (
     DataOrder,
-    NonFiniteError,
     lr_factor,
     make_optimizer,
     make_scheduler,
@@ -98,3 +98,124 @@ def test_nonfinite_gradient_stops_before_the_update():
     with pytest.raises(NonFiniteError, match=r"step 3: gradient norm is (inf|nan) \(loss \d"):
         train_step(model, opt, sched, ids, mask, good, cfg, World(), 2, torch.device("cpu"))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_nonfinite_error_is_an_aleph_error_with_its_own_exit_code():
+    from aleph import errors
+
+    assert issubclass(NonFiniteError, AlephError) and NonFiniteError.__doc__
+    assert NonFiniteError.exit_code == 65
+    others = {c.exit_code for c in vars(errors).values()
+              if isinstance(c, type) and issubclass(c, AlephError) and c is not NonFiniteError}
+    assert 65 not in others
+
+
+def _token_store(tmp_path):
+    """A real token store whose rows have clearly different lengths (3 .. 9 tokens of 12)."""
+    from aleph.data.tokenizer import load_tokenizer, train_wordpiece
+    from aleph.data.tokens import build_token_store
+
+    captions = [" ".join(["cat"] * (1 + i % 7)) for i in range(32)]
+    train_wordpiece(captions, tmp_path / "tok")
+    return build_token_store(captions, load_tokenizer(tmp_path / "tok"), tmp_path / "store", 12)
+
+
+def test_batches_have_max_len_when_compiled_and_trimmed_otherwise(tmp_path):
+    from types import SimpleNamespace
+
+    from aleph.train.fit import load_batch
+
+    tokens = _token_store(tmp_path)
+    widths = {}
+    for compiled in (False, True):
+        cfg = resolve("smoke", overrides=[f"compile={str(compiled).lower()}"], arm="a2_dense")
+        s = SimpleNamespace(cfg=cfg, tokens=tokens, order=DataOrder(0, tokens.rows, 4), world=World(),
+                            targets=SimpleNamespace(gather=lambda idx, pin: torch.zeros(len(idx), 768)),
+                            device=torch.device("cpu"), pos=ckpt.Position(0, 0, 0, 0))
+        seen = []
+        for b in range(s.order.steps_per_epoch):
+            s.pos = ckpt.Position(b, 0, b, 4 * b)
+            ids, mask, target = load_batch(s)
+            assert ids.shape == mask.shape and target.shape == (4, 768)
+            trimmed_ids, trimmed_mask = tokens.gather(s.order.indices(0, b, World()))
+            width = trimmed_ids.shape[1]
+            assert torch.equal(ids[:, :width], trimmed_ids) and torch.equal(mask[:, :width], trimmed_mask)
+            assert (ids[:, width:] == tokens.pad_id).all() and not mask[:, width:].any()
+            seen.append(ids.shape[1])
+        widths[compiled] = set(seen)
+    assert len(widths[False]) > 1  # trimmed to each batch's longest row: the length varies
+    assert widths[True] == {tokens.max_len}  # compiled: one static shape, no recompiles
+
+
+def test_fixed_length_refuses_a_batch_longer_than_max_len():
+    from aleph.train.loop import fixed_length
+
+    ids, mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.bool)
+    assert fixed_length(ids, mask, 5, 0)[0] is ids
+    with pytest.raises(ValueError, match="batch length 5 exceeds max_len 4"):
+        fixed_length(ids, mask, 4, 0)
+
+
+def test_stop_flag_modes_with_real_signals():
+    import os
+    import signal
+
+    from aleph.train.loop import StopFlag, StopRequested
+
+    before = signal.getsignal(signal.SIGTERM)
+    stop = StopFlag("flag")
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # flag mode: only recorded
+        assert stop.is_set() and stop.signame == "SIGTERM"
+        with pytest.raises(StopRequested, match="stopped by SIGTERM"):
+            stop.set_mode("interrupt")  # a signal that came in meanwhile stops at once
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) is before
+    stop = StopFlag("interrupt")
+    try:
+        with pytest.raises(StopRequested) as caught:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100):  # the handler runs at the next bytecode boundary
+                pass
+        assert caught.value.signame == "SIGINT"
+    finally:
+        stop.restore()
+
+
+def test_a_signal_during_a_token_store_build_leaves_no_store(tmp_path):
+    """A real SIGTERM mid-build (interrupt mode, as in preflight): nothing counts as built."""
+    import os
+    import signal
+
+    from aleph.data.tokenizer import load_tokenizer, train_wordpiece
+    from aleph.data.tokens import build_token_store
+    from aleph.train.loop import StopFlag, StopRequested
+
+    captions = [f"a cat number {i}" for i in range(64)]
+    train_wordpiece(captions, tmp_path / "tok")
+    tok = load_tokenizer(tmp_path / "tok")
+    calls = []
+
+    class SignalOnSecondBatch:
+        pad_token_id = tok.pad_token_id
+
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def __call__(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return tok(*args, **kwargs)
+
+    out = tmp_path / "cache" / "store"
+    stop = StopFlag("interrupt")
+    try:
+        with pytest.raises(StopRequested):
+            build_token_store(captions, SignalOnSecondBatch(), out, 16, batch=16)
+    finally:
+        stop.restore()
+    assert len(calls) == 2
+    assert not out.exists() and list(out.parent.iterdir()) == []  # no store, no staging leftovers
+    assert build_token_store(captions, tok, out, 16).rows == 64  # a restart builds it whole

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -59,3 +61,60 @@ def test_captions_identity_changes_with_the_file(tmp_path):
     f.write_text("a\nb\n")
     assert captions_identity(str(f)) != first
     assert captions_identity("org/dataset") == {"dataset": "org/dataset"}
+
+
+def test_smoke_sets_of_different_sizes_coexist_in_one_work_root(work):
+    from aleph._io import read_json
+    from aleph.train.preflight import resolve_sources
+
+    small = resolve_sources(resolve("smoke", overrides=["smoke_rows=40"], arm="a2_dense"))
+    large = resolve_sources(resolve("smoke", overrides=["smoke_rows=60"], arm="a2_dense"))
+    assert small.captions == str(work / "data" / "smoke-40" / "captions.txt")
+    assert large.captions == str(work / "data" / "smoke-60" / "captions.txt")
+    # the second size did not replace the first: both sets are intact, with their own rows
+    assert read_json(work / "data" / "smoke-40" / "smoke.json")["rows"] == 40
+    assert read_json(work / "data" / "smoke-60" / "smoke.json")["rows"] == 60
+    assert len(Path(small.captions).read_text().splitlines()) == 40
+    stamp = (work / "data" / "smoke-40" / "smoke.json").stat().st_mtime_ns
+    again = resolve_sources(resolve("smoke", overrides=["smoke_rows=40"], arm="a2_dense"))
+    assert again == small  # reused, not rebuilt
+    assert (work / "data" / "smoke-40" / "smoke.json").stat().st_mtime_ns == stamp
+
+
+def test_training_and_aleph_data_tokens_share_one_token_store(work, capsys):
+    from aleph.cli import main
+    from aleph.train.preflight import prepare_tokens, resolve_sources
+
+    cfg = resolve("smoke", overrides=["smoke_rows=40"], arm="a2_dense")
+    src = resolve_sources(cfg)
+    assert main(["data", "tokens", "--captions", src.captions, "--tokenizer", src.tokenizer,
+                 "--max-len", str(cfg.max_len)]) == 0
+    built_by_cli = Path(capsys.readouterr().out.split(":")[0])
+    assert built_by_cli.parent == work / "cache" / "tokens"
+    lines: list[str] = []
+    from aleph.data.tokenizer import load_tokenizer
+
+    store = prepare_tokens(cfg, src, load_tokenizer(src.tokenizer), lines.append)
+    assert store.path == built_by_cli
+    assert lines == [f"token store: cache hit {built_by_cli} (40 rows x {cfg.max_len})"]
+    assert [p.name for p in (work / "cache" / "tokens").iterdir()] == [built_by_cli.name]
+
+
+def test_captions_digest_is_memoised_by_the_files_identity(work, tmp_path):
+    from aleph.data.tokens import captions_sha256
+    from aleph.train.preflight import captions_digest
+
+    f = tmp_path / "c.txt"
+    f.write_text("a cat\na dog\n")
+    loads: list[str] = []
+
+    def load(source):
+        loads.append(source)
+        return Path(source).read_text().splitlines()
+
+    digest, captions = captions_digest(str(f), load)
+    assert (digest, captions) == (captions_sha256(["a cat", "a dog"]), ["a cat", "a dog"])
+    assert captions_digest(str(f), load) == (digest, None) and len(loads) == 1  # memo hit
+    f.write_text("a cat\na bird\n")  # new size/mtime: a new identity, hashed afresh
+    assert captions_digest(str(f), load)[0] == captions_sha256(["a cat", "a bird"])
+    assert len(loads) == 2

@@ -11,6 +11,7 @@ import torch
 from tests.train.conftest import (
     final_weights,
     run_train,
+    smoke_dir,
     start_train,
     tb_scalars,
     train_cmd,
@@ -27,7 +28,7 @@ def reference(tmp_path_factory, smoke_data_dir):
     import shutil
 
     work = tmp_path_factory.mktemp("ref") / "work"
-    shutil.copytree(smoke_data_dir, work / "data" / "smoke")
+    shutil.copytree(smoke_data_dir, smoke_dir(work))
     proc = run_train(work, train_cmd("a1_anchored", 3, *SETS))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = work / "runs" / "a1_anchored-s3"

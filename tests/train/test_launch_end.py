@@ -1,0 +1,54 @@
+"""How a launch ends before or outside the step loop: a stop signal during preflight, and
+a non-finite loss. Real `python -m aleph train` subprocesses and real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from tests.train.conftest import run_train, start_train, train_cmd, wait_for_log
+
+
+def _launches(run_dir):
+    return json.loads((run_dir / "manifest.json").read_text())["launches"]
+
+
+@pytest.mark.parametrize(("sig", "phase"), [(signal.SIGTERM, "tokens"), (signal.SIGINT, "model")])
+def test_stop_during_preflight_exits_0_records_stopped_and_resumes(train_work, sig, phase):
+    run_dir = train_work / "runs" / "a2_dense-s6"
+    cmd = train_cmd("a2_dense", 6, "max_steps=2")
+    proc = start_train(train_work, cmd, ALEPH_TRAIN_PAUSE_IN_PREFLIGHT=phase)
+    wait_for_log(run_dir, f"paused in preflight before {phase}", proc)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert f"stopped by {sig.name} in preflight (before the first step)" in out
+    [launch] = _launches(run_dir)
+    assert (launch["status"], launch["exit_status"]) == ("stopped", 0)
+    assert launch["note"] == f"{sig.name} before the first step" and launch["end"]
+    # nothing trained, nothing saved as if it were
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "weights").exists()
+    tokens = train_work / "cache" / "tokens"
+    if phase == "tokens":  # stopped before the token store: none exists, complete or not
+        assert not tokens.exists() or list(tokens.iterdir()) == []
+
+    again = run_train(train_work, cmd)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resume: fresh start" in again.stdout
+    assert ("token store: built" in again.stdout) == (phase == "tokens")
+    # the stopped launch is not taken for a killed one ('lost') by the next launch
+    assert [(x["status"], x["exit_status"]) for x in _launches(run_dir)] == [
+        ("stopped", 0), ("complete", 0)]
+
+
+def test_nonfinite_loss_exits_65_and_records_the_failure(train_work):
+    run_dir = train_work / "runs" / "a2_dense-s7"
+    proc = run_train(train_work, train_cmd("a2_dense", 7, "max_steps=4", "lr=1.0e+30",
+                                           "warmup_steps=0"))
+    assert proc.returncode == 65, proc.stdout + proc.stderr
+    assert "aleph train: error: step 2: loss is nan" in proc.stderr
+    [launch] = _launches(run_dir)
+    assert (launch["status"], launch["exit_status"]) == ("failed", 65)
+    assert launch["note"].startswith("NonFiniteError: step 2")
