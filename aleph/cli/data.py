@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aleph._io import atomic_write_text, work_root
+from aleph._io import atomic_write_text
 
 
 def _smoke(args) -> int:
     from aleph.data import ensure_smoke_data
+    from aleph.data.smoke import default_root
 
-    root = Path(args.root) if args.root else work_root() / "data" / "smoke"
+    root = Path(args.root) if args.root else default_root(args.rows, args.seed)
     data = ensure_smoke_data(root, rows=args.rows, seed=args.seed)
     print(json.dumps({"rows": data.rows, "captions": str(data.captions),
                       "target_chunks": [str(p) for p in data.target_chunks],
@@ -52,7 +53,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("data", help="smoke data set, token stores, smoke STS pairs")
     sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     s = sub.add_parser("smoke", help="write (or reuse) the deterministic offline smoke data set")
-    s.add_argument("--root", help="directory (default: <work>/data/smoke)")
+    s.add_argument("--root", help="directory (default: <work>/data/smoke-<rows>[-s<seed>], where training looks)")
     s.add_argument("--rows", type=int, default=4096)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_smoke)

@@ -30,6 +30,7 @@ from aleph._io import (
     fsync_dir,
     read_json,
     sha256_file,
+    work_root,
 )
 from aleph.data.grammar import SLOTS, Meaning, render, sample_meaning
 from aleph.data.teacher import Teacher, overlap_cosine
@@ -94,6 +95,17 @@ def _files(root: Path) -> tuple[Path, list[Path], Path]:
     man = read_json(root / "smoke.json")
     chunks = [root / f"targets/chunk-{i:03d}.pt" for i in range(len(man["chunk_rows"]))]
     return root / "captions.txt", chunks, root / "tokenizer"
+
+
+def default_root(rows: int = 4096, seed: int = 0) -> Path:
+    """<work>/data/smoke-<rows> (seed 0) or smoke-<rows>-s<seed>: one directory per set.
+
+    ensure_smoke_data keeps one set per root, so sets of different sizes or seeds in one
+    work root get their own directories instead of rebuilding each other's. The trainer
+    and `aleph data smoke` both use this, so they share the set.
+    """
+    name = f"smoke-{rows}" if seed == 0 else f"smoke-{rows}-s{seed}"
+    return work_root() / "data" / name
 
 
 def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> SmokeData:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from aleph._io import sha256_file, sha256_json
+from aleph._io import sha256_file
+from aleph.targets.store import content_sha256
 
 SIZE_KEYS = ("rows", "dim", "dtype", "byte_length")
 HASH_LIMIT_BYTES = 8 << 30  # re-hash store data files up to this size (the E1 store is 49 GB)
@@ -33,18 +34,18 @@ def _store_manifest(t: dict) -> dict | None:
 
 
 def content_key(t: dict) -> str | None:
-    """Path-independent identity of a store's contents: its source chunks' sha256s in order.
+    """Path-independent identity of a store's contents (`aleph.targets.store.content_sha256`).
 
-    The store manifest lists every source chunk with the chunk file's sha256; the store is
-    a deterministic concatenation of them (both implementations give the same bytes), so
-    equal chunk hashes in equal order, dtype and dim mean equal store bytes.
+    Recorded in the run manifest by the trainer; for older records it is recomputed from
+    the store's own manifest when the run names a readable store directory.
     """
+    if isinstance(t.get("content_sha256"), str):
+        return t["content_sha256"]
     store = _store_manifest(t)
-    chunks = (store or {}).get("chunks")
-    if not chunks or any(not isinstance(c, dict) or "sha256" not in c for c in chunks):
+    try:
+        return content_sha256(store) if store else None
+    except (KeyError, TypeError):
         return None
-    return sha256_json({"dtype": store.get("dtype"), "dim": store.get("dim"),
-                        "chunks": [[c["sha256"], c.get("rows")] for c in chunks]})
 
 
 def data_sha256(t: dict, limit: int = HASH_LIMIT_BYTES) -> str | None:

@@ -92,6 +92,17 @@ def _as_indices(indices, rows: int) -> np.ndarray:
     return idx
 
 
+def content_sha256(manifest: dict) -> str:
+    """Path-independent hash of a store's bytes: dtype, dim and each chunk's rows and sha256.
+
+    Each chunk's sha256 is of exactly the bytes written for its row range, so two stores
+    with equal content hashes hold equal bytes wherever their sources lived and whichever
+    implementation built or holds them (`manifest_sha256` also covers paths and mtimes).
+    """
+    return sha256_json({"dtype": manifest["dtype"], "dim": manifest["dim"],
+                        "chunks": [[c["sha256"], c["rows"]] for c in manifest["chunks"]]})
+
+
 class TargetStore:
     """A complete, verified target store (rows x dim of one dtype)."""
 
@@ -102,6 +113,7 @@ class TargetStore:
         self.store_dir = Path(store_dir)
         self.manifest = manifest
         self.manifest_sha256 = sha256_json(manifest)
+        self.content_sha256 = content_sha256(manifest)
         self.implementation = implementation
         self.rows, self.dim = manifest["rows"], manifest["dim"]
         self.dtype, itemsize, self._raw, _ = DTYPES[manifest["dtype"]]

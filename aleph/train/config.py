@@ -44,6 +44,8 @@ class TrainConfig:
     """Rows of the generated smoke data (only with smoke_data); each size has its own directory."""
     captions: str = ""
     """Caption source: a text/jsonl/json/parquet file or a HF dataset id (row i pairs with target row i)."""
+    captions_column: str = "caption"
+    """Field (JSON/JSONL), column (parquet) or dataset column holding the caption text."""
     targets: tuple[str, ...] = ()
     """Target sources: the chunk files (or one directory of them) of the 768-d teacher consensus."""
     tokenizer: str = "bert-base-uncased"

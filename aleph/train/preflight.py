@@ -7,6 +7,7 @@ duplicate launch; here every launch prints its own).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,25 +82,18 @@ class Sources:
     captions: str
     targets: list[str]
     tokenizer: str
-
-
-def smoke_root(rows: int) -> Path:
-    """<work>/data/smoke-<rows>: one directory per smoke size, so runs of different sizes in
-    one work root do not rebuild each other's set (ensure_smoke_data keeps one set per root).
-    The trainer always generates with the smoke generator's default seed, so only the row
-    count varies and only it is in the name."""
-    return work_root() / "data" / f"smoke-{rows}"
+    captions_column: str = "caption"
 
 
 def resolve_sources(cfg: TrainConfig) -> Sources:
     """Smoke data (generated on first use) or the configured paths; directories expand."""
     if cfg.smoke_data:
-        from aleph.data.smoke import ensure_smoke_data
+        from aleph.data.smoke import default_root, ensure_smoke_data
 
-        smoke = ensure_smoke_data(smoke_root(cfg.smoke_rows), rows=cfg.smoke_rows)
+        smoke = ensure_smoke_data(default_root(cfg.smoke_rows), rows=cfg.smoke_rows)
         return Sources(str(smoke.captions), [str(p) for p in smoke.target_chunks],
                        cfg.tokenizer or str(smoke.tokenizer_dir))
-    return Sources(cfg.captions, expand_targets(cfg.targets), cfg.tokenizer)
+    return Sources(cfg.captions, expand_targets(cfg.targets), cfg.tokenizer, cfg.captions_column)
 
 
 def expand_targets(paths: tuple[str, ...]) -> list[str]:
@@ -142,23 +136,25 @@ def prepare_targets(cfg: TrainConfig, sources: list[str], world: World, log) -> 
     return store
 
 
-def captions_identity(source: str) -> dict[str, Any]:
+def captions_identity(source: str, column: str = "caption") -> dict[str, Any]:
     """Cheap identity of a caption source: a file's path, size and mtime; else the dataset id.
 
     Keys the memo of the captions' sha256 (see `captions_digest`), so a resumed launch does
     not re-read 31.9M captions just to find its token store.
     """
     path = Path(source)
+    field = {} if column == "caption" else {"column": column}  # default keeps older memo keys
     if path.is_file():
         st = path.stat()
-        return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    return {"dataset": source}
+        return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                **field}
+    return {"dataset": source, **field}
 
 
 CAPTIONS_MEMO_DIR = ("cache", "captions-sha256")
 
 
-def captions_digest(source: str, load) -> tuple[str, list[str] | None]:
+def captions_digest(source: str, load, column: str = "caption") -> tuple[str, list[str] | None]:
     """(sha256 of the captions as `aleph.data.tokens.captions_sha256` defines it, the captions
     if they had to be read, else None).
 
@@ -169,7 +165,7 @@ def captions_digest(source: str, load) -> tuple[str, list[str] | None]:
     """
     from aleph.data.tokens import captions_sha256
 
-    identity = captions_identity(source)
+    identity = captions_identity(source, column)
     memo = work_root().joinpath(*CAPTIONS_MEMO_DIR) / f"{sha256_json(identity)[:16]}.json"
     if memo.is_file():
         try:
@@ -195,7 +191,8 @@ def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log) -> Any:
     from aleph.data.tokenizer import tokenizer_fingerprint
     from aleph.data.tokens import build_token_store, open_token_store, token_store_dir
 
-    digest, captions = captions_digest(src.captions, load_captions)
+    load = functools.partial(load_captions, column=src.captions_column)
+    digest, captions = captions_digest(src.captions, load, src.captions_column)
     fp = tokenizer_fingerprint(tokenizer)
     out = token_store_dir(digest, fp, cfg.max_len)
     if out.exists():
@@ -208,7 +205,7 @@ def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log) -> Any:
         log(f"token store: cache hit {out} ({store.rows:,} rows x {store.max_len})")
         return store
     if captions is None:
-        captions = load_captions(src.captions)
+        captions = load(src.captions)
     store = build_token_store(captions, tokenizer, out, cfg.max_len)
     log(f"token store: built {out} ({store.rows:,} rows x {store.max_len})")
     return store

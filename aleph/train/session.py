@@ -118,7 +118,8 @@ class Session:
     def _record_data(self) -> None:
         t = self.targets
         self.manifest.set_store({
-            "manifest_sha256": t.manifest_sha256, "implementation": t.implementation,
+            "manifest_sha256": t.manifest_sha256, "content_sha256": t.content_sha256,
+            "implementation": t.implementation,
             "byte_length": t.byte_length, "rows": t.rows, "dim": t.dim,
             "dtype": t.manifest["dtype"], "dir": str(t.store_dir),
             "token_store": str(self.tokens.path), "captions": self.sources.captions})

@@ -65,7 +65,20 @@ def test_one_gpu_per_arm_and_its_command(cfg, name):
     s = cfg["services"][name]
     (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
     assert dev == {"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}
-    assert s["command"] == ["aleph", "train", "--arm", TRAINING[name], "--seed", "1"]
+    assert s["command"][:6] == ["aleph", "train", "--arm", TRAINING[name], "--seed", "1"]
+    cfg_ = _resolve_train_command(s["command"][1:])
+    assert (cfg_.arm, cfg_.seed, cfg_.preset) == (TRAINING[name], 1, "e1")
+    assert cfg_.captions == "/work/data/e1/captions.parquet"
+    assert cfg_.targets == ("/work/data/e1/targets",)
+
+
+def _resolve_train_command(argv: list[str]):
+    """The service's `aleph train ...` through the real CLI parser and config resolver."""
+    from aleph.cli import build_parser
+    from aleph.train.config import resolve
+
+    a = build_parser(only="train").parse_args(argv)
+    return resolve(a.preset, a.config, a.overrides, arm=a.arm, seed=a.seed)
 
 
 def test_ddp_service_spans_all_gpus_with_torchrun(cfg):
@@ -73,7 +86,8 @@ def test_ddp_service_spans_all_gpus_with_torchrun(cfg):
     (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
     assert dev == {"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}  # count: all
     assert s["command"][:5] == ["torchrun", "--standalone", "--nproc_per_node=gpu", "-m", "aleph"]
-    assert s["command"][5:] == ["train", "--arm", "a2_dense", "--seed", "1"]
+    assert s["command"][5:11] == ["train", "--arm", "a2_dense", "--seed", "1", "--preset"]
+    assert _resolve_train_command(s["command"][5:]).targets == ("/work/data/e1/targets",)
     assert s["profiles"] == ["ddp"]
 
 
@@ -85,11 +99,16 @@ def test_variables_choose_gpus_seed_and_nproc(compose_bin):
         "ALEPH_SEED": "0",
         "ALEPH_DDP_NPROC": "4",
         "ALEPH_REVISION": "abc1234",
+        "ALEPH_CAPTIONS": "/work/data/cc12m.jsonl",
+        "ALEPH_CAPTIONS_COLUMN": "caption_llava",
+        "ALEPH_TARGETS": "/work/data/chunks",
     }
     svc = _config(compose_bin, env=env)["services"]
     for name, gpu in (("train-a1", "0"), ("train-a2", "1"), ("train-a3", "2")):
         assert svc[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == [gpu]
-        assert svc[name]["command"][-1] == "0"
+        c = _resolve_train_command(svc[name]["command"][1:])
+        assert (c.seed, c.captions, c.captions_column, c.targets) == (
+            0, "/work/data/cc12m.jsonl", "caption_llava", ("/work/data/chunks",))
         assert svc[name]["build"]["args"]["ALEPH_REVISION"] == "abc1234"
     assert "--nproc_per_node=4" in svc["train-a2-ddp"]["command"]
 

@@ -123,3 +123,18 @@ def test_nonfinite_found_across_scan_blocks():
     raw[[0, 499, 999], [5, 0, 3]] = [0x7C00, 0xFE00, 0xFC00]  # +Inf, NaN, -Inf in fp16
     raw[10, 1] = 0x7BFF  # the largest finite fp16: not reported
     assert _nonfinite_rows(raw, 0x7C00, block_bytes=120).tolist() == [0, 499, 999]
+
+
+def test_content_hash_names_the_bytes_not_the_paths_or_holding(make_chunks, tmp_path):
+    """Equal rows from other files, formats and holdings share content_sha256; manifests differ."""
+    a_paths, ref = make_chunks(rows=(20, 12), suffixes=(".pt",), subdir="a")
+    b_paths, _ = make_chunks(rows=(20, 12), suffixes=(".npy",), subdir="b")  # same seed, same rows
+    a = build_store(a_paths, tmp_path / "sa", "streaming")
+    b = build_store(b_paths, tmp_path / "sb", "in_ram")
+    assert a.manifest_sha256 != b.manifest_sha256  # paths, sizes, builder differ
+    assert a.content_sha256 == b.content_sha256
+    changed = ref[20:].clone()
+    changed[3, 0] += 1
+    save_chunk(changed, b_paths[1])
+    c = build_store(b_paths, tmp_path / "sc", "streaming")
+    assert c.content_sha256 != a.content_sha256

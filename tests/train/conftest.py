@@ -20,7 +20,7 @@ TINY = ["--preset", "smoke", "--set", f"smoke_rows={SMOKE_ROWS}", "--set", "batc
 
 
 def smoke_dir(work: Path, rows: int = SMOKE_ROWS) -> Path:
-    """Where the trainer looks for smoke data of `rows` rows (aleph.train.preflight.smoke_root)."""
+    """Where the trainer looks for smoke data of `rows` rows (aleph.data.smoke.default_root)."""
     return work / "data" / f"smoke-{rows}"
 
 

@@ -118,3 +118,27 @@ def test_captions_digest_is_memoised_by_the_files_identity(work, tmp_path):
     f.write_text("a cat\na bird\n")  # new size/mtime: a new identity, hashed afresh
     assert captions_digest(str(f), load)[0] == captions_sha256(["a cat", "a bird"])
     assert len(loads) == 2
+
+
+def test_captions_column_is_read_and_keys_the_memo(work, tmp_path):
+    """A JSONL source whose text is under another field: the configured column is read, a
+    wrong one is a DataError naming it, and the memo of one column never answers another."""
+    import json
+
+    from aleph.data.captions import load_captions
+    from aleph.errors import DataError
+    from aleph.train.preflight import captions_digest
+
+    f = tmp_path / "c.jsonl"
+    f.write_text("".join(json.dumps({"text": t, "caption": t.upper()}) + "\n"
+                         for t in ("a cat", "a dog")))
+    cfg = resolve("e1", overrides=[f"captions={f}", "captions_column=text",
+                                   f"targets={tmp_path}"], arm="a2_dense")
+    assert cfg.captions_column == "text"
+    assert load_captions(str(f), column=cfg.captions_column) == ["a cat", "a dog"]
+    assert captions_identity(str(f), "text") != captions_identity(str(f))
+    by_text = captions_digest(str(f), lambda s: load_captions(s, column="text"), "text")[0]
+    by_caption = captions_digest(str(f), lambda s: load_captions(s), "caption")[0]
+    assert by_text != by_caption
+    with pytest.raises(DataError, match="'body'"):
+        load_captions(str(f), column="body")
