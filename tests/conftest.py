@@ -11,6 +11,18 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test starts with one torch thread and leaves the setting as it found it
+    (a trainer config's num_threads changes the process-wide value)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def work(tmp_path, monkeypatch):
     """A fresh ALEPH_WORK root for one test."""

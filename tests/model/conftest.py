@@ -3,19 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from aleph.model import ModelConfig
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from a second thread, and on a shared 2-core machine a
-    second spinning OpenMP thread makes them several times slower (measured)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_config(arm: str, **over) -> ModelConfig:

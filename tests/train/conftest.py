@@ -60,6 +60,16 @@ def run_train(work: Path, cmd: list[str], timeout: float = 240, **env) -> subpro
                           text=True, timeout=timeout)
 
 
+def completed_run(tmp_path_factory, smoke_data_dir: Path, arm: str, seed: int,
+                  *sets: str) -> Path:
+    """Run dir of an uninterrupted smoke run of (arm, seed, sets) in its own work root."""
+    work = tmp_path_factory.mktemp(f"{arm}-s{seed}") / "work"
+    shutil.copytree(smoke_data_dir, smoke_dir(work))
+    proc = run_train(work, train_cmd(arm, seed, *sets))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return work / "runs" / f"{arm}-s{seed}"
+
+
 def start_train(work: Path, cmd: list[str], **env) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=REPO, env=child_env(work, **env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

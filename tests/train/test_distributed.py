@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from tests.train.conftest import (
+    completed_run,
     run_train,
-    smoke_dir,
     start_train,
     tb_scalars,
     train_cmd,
@@ -38,13 +38,7 @@ def _losses(run_dir):
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, smoke_data_dir):
-    import shutil
-
-    work = tmp_path_factory.mktemp("single") / "work"
-    shutil.copytree(smoke_data_dir, smoke_dir(work))
-    proc = run_train(work, train_cmd("a1_anchored", 4, *SETS))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return _losses(work / "runs" / "a1_anchored-s4")
+    return _losses(completed_run(tmp_path_factory, smoke_data_dir, "a1_anchored", 4, *SETS))
 
 
 def test_two_gloo_ranks_follow_the_single_process_trajectory(train_work, single):

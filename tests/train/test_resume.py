@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.train.conftest import (
+    completed_run,
     final_weights,
     run_train,
-    smoke_dir,
     start_train,
     tb_scalars,
     train_cmd,
@@ -25,13 +25,7 @@ SETS = ("max_steps=12", "ckpt_every_steps=3")
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, smoke_data_dir):
     """An uninterrupted run of the same config, in its own work root."""
-    import shutil
-
-    work = tmp_path_factory.mktemp("ref") / "work"
-    shutil.copytree(smoke_data_dir, smoke_dir(work))
-    proc = run_train(work, train_cmd("a1_anchored", 3, *SETS))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_dir = work / "runs" / "a1_anchored-s3"
+    run_dir = completed_run(tmp_path_factory, smoke_data_dir, "a1_anchored", 3, *SETS)
     return final_weights(run_dir), tb_scalars(run_dir)
 
 
