@@ -64,18 +64,18 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --gid "${ALEPH_UID}" aleph \
     && useradd --uid "${ALEPH_UID}" --gid aleph --create-home --shell /bin/bash aleph \
-    && mkdir -p /work \
-    && chown aleph:aleph /work
+    && mkdir -p /workspace \
+    && chown aleph:aleph /workspace
 COPY --from=python-build /opt/python /opt/python
 ENV PATH=/opt/python/bin:${PATH} \
     PYTHONPATH=/opt/aleph \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     ALEPH_IN_IMAGE=1 \
-    ALEPH_WORK=/work \
-    HF_HOME=/work/cache/huggingface \
-    TRITON_CACHE_DIR=/work/cache/triton \
-    TORCHINDUCTOR_CACHE_DIR=/work/cache/inductor
+    ALEPH_WORK=/workspace \
+    HF_HOME=/workspace/cache/huggingface \
+    TRITON_CACHE_DIR=/workspace/cache/triton \
+    TORCHINDUCTOR_CACHE_DIR=/workspace/cache/inductor
 WORKDIR /opt/aleph
 
 # Dependency layer first, so a code edit does not reinstall 4 GB of wheels.

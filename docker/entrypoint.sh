@@ -4,7 +4,7 @@
 # (or torchrun, which passes SIGTERM on to its ranks) and can checkpoint and exit cleanly.
 set -eu
 
-work="${ALEPH_WORK:-/work}"
+work="${ALEPH_WORK:-/workspace}"
 # A bind-mounted work root owned by another uid fails later, deep inside a run; say so now.
 if ! mkdir -p "$work" 2>/dev/null || [ ! -w "$work" ]; then
     echo "entrypoint: work root $work is not writable by uid $(id -u);" \

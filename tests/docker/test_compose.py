@@ -54,8 +54,8 @@ def test_training_envelope_is_exact(cfg, name):
     assert s["restart"] == "on-failure:10"
     assert (s["stop_signal"], s["stop_grace_period"]) == ("SIGTERM", "5m0s")
     assert s["logging"] == {"driver": "json-file", "options": {"max-size": "100m", "max-file": "5"}}
-    assert s["volumes"] == [{"type": "volume", "source": "work", "target": "/work", "volume": {}}]
-    assert s["environment"]["ALEPH_WORK"] == "/work"
+    assert s["volumes"] == [{"type": "volume", "source": "work", "target": "/workspace", "volume": {}}]
+    assert s["environment"]["ALEPH_WORK"] == "/workspace"
     assert s["build"]["args"] == {"ALEPH_REVISION": ""}
     assert "cpuset" not in s  # the seed host's CPU numbers are opt-in
 
@@ -68,8 +68,8 @@ def test_one_gpu_per_arm_and_its_command(cfg, name):
     assert s["command"][:6] == ["aleph", "train", "--arm", TRAINING[name], "--seed", "1"]
     cfg_ = _resolve_train_command(s["command"][1:])
     assert (cfg_.arm, cfg_.seed, cfg_.preset) == (TRAINING[name], 1, "e1")
-    assert cfg_.captions == "/work/data/e1/captions.parquet"
-    assert cfg_.targets == ("/work/data/e1/targets",)
+    assert cfg_.captions == "/workspace/data/e1/captions.parquet"
+    assert cfg_.targets == ("/workspace/data/e1/targets",)
 
 
 def _resolve_train_command(argv: list[str]):
@@ -87,7 +87,7 @@ def test_ddp_service_spans_all_gpus_with_torchrun(cfg):
     assert dev == {"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}  # count: all
     assert s["command"][:5] == ["torchrun", "--standalone", "--nproc_per_node=gpu", "-m", "aleph"]
     assert s["command"][5:11] == ["train", "--arm", "a2_dense", "--seed", "1", "--preset"]
-    assert _resolve_train_command(s["command"][5:]).targets == ("/work/data/e1/targets",)
+    assert _resolve_train_command(s["command"][5:]).targets == ("/workspace/data/e1/targets",)
     assert s["profiles"] == ["ddp"]
 
 
@@ -99,16 +99,16 @@ def test_variables_choose_gpus_seed_and_nproc(compose_bin):
         "ALEPH_SEED": "0",
         "ALEPH_DDP_NPROC": "4",
         "ALEPH_REVISION": "abc1234",
-        "ALEPH_CAPTIONS": "/work/data/cc12m.jsonl",
+        "ALEPH_CAPTIONS": "/workspace/data/cc12m.jsonl",
         "ALEPH_CAPTIONS_COLUMN": "caption_llava",
-        "ALEPH_TARGETS": "/work/data/chunks",
+        "ALEPH_TARGETS": "/workspace/data/chunks",
     }
     svc = _config(compose_bin, env=env)["services"]
     for name, gpu in (("train-a1", "0"), ("train-a2", "1"), ("train-a3", "2")):
         assert svc[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == [gpu]
         c = _resolve_train_command(svc[name]["command"][1:])
         assert (c.seed, c.captions, c.captions_column, c.targets) == (
-            0, "/work/data/cc12m.jsonl", "caption_llava", ("/work/data/chunks",))
+            0, "/workspace/data/cc12m.jsonl", "caption_llava", ("/workspace/data/chunks",))
         assert svc[name]["build"]["args"]["ALEPH_REVISION"] == "abc1234"
     assert "--nproc_per_node=4" in svc["train-a2-ddp"]["command"]
 
@@ -124,7 +124,7 @@ def test_tensorboard_serves_the_runs_read_only(cfg):
     s = cfg["services"]["tensorboard"]
     assert s["ports"][0]["target"] == 6006 and s["ports"][0]["published"] == "6006"
     assert s["volumes"][0]["source"] == "work" and s["volumes"][0]["read_only"] is True
-    assert s["command"][:2] == ["aleph", "tensorboard"] and "/work/runs" in s["command"]
+    assert s["command"][:2] == ["aleph", "tensorboard"] and "/workspace/runs" in s["command"]
     assert s["logging"]["options"]["max-size"] == "20m"
 
 
