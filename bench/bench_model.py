@@ -11,9 +11,9 @@ MFU = 6 x (non-embedding parameters) x tokens + 12 x n_layers x L^2 x d_model pe
 (table below, or --peak-tflops). The bank runs every expert on every token, so its
 matmul FLOPs equal the dense FFN's; the address (K=3 dot products) is not counted.
 
-Run from the repository root:
-    python bench/bench_model.py                 # CPU smoke shape, then CUDA if available
-    python bench/bench_model.py --no-cuda --threads 2 --steps 20
+Run from the repository root with the venv of `./aleph-dev setup`:
+    .venv/bin/python bench/bench_model.py                 # CPU smoke shape, then CUDA if available
+    .venv/bin/python bench/bench_model.py --no-cuda --threads 2 --steps 20
 """
 
 from __future__ import annotations
@@ -95,16 +95,37 @@ def _peak(name: str, override: float | None) -> float | None:
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
+def _number(kind, minimum):
+    """argparse type: a number of `kind` >= `minimum` (a zero batch or step count has no
+    throughput; say so instead of failing deep inside)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be >= {minimum}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--cpu-batch", type=int, default=64)
-    ap.add_argument("--gpu-batch", type=int, default=256)
-    ap.add_argument("--gpu-steps", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
-    ap.add_argument("--no-cuda", action="store_true")
-    ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--peak-tflops", type=float, help="dense bf16 peak of the GPU")
+    ap.add_argument("--steps", type=_number(int, 1), default=20,
+                    help="timed CPU steps per arm (default %(default)s)")
+    ap.add_argument("--cpu-batch", type=_number(int, 1), default=64,
+                    help="CPU batch, smoke shape (default %(default)s)")
+    ap.add_argument("--gpu-batch", type=_number(int, 1), default=256,
+                    help="CUDA batch, E1 shape (default %(default)s)")
+    ap.add_argument("--gpu-steps", type=_number(int, 1), default=20,
+                    help="timed CUDA steps per arm and mode (default %(default)s)")
+    ap.add_argument("--threads", type=_number(int, 0), default=0,
+                    help="torch CPU threads (0 = torch's default)")
+    ap.add_argument("--no-cuda", action="store_true", help="CPU figures only")
+    ap.add_argument("--no-compile", action="store_true", help="CUDA: eager only, no torch.compile")
+    ap.add_argument("--peak-tflops", type=_number(float, 1e-9),
+                    help="dense bf16 peak of the GPU in TFLOP/s (default: from the built-in table)")
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     ap.add_argument("--json", help="also write all results to this file")
     args = ap.parse_args()

@@ -18,11 +18,11 @@ Every figure is a ratio against a baseline measured in the same run on the same 
 Also printed: the largest system-wide Dirty figure (/proc/meminfo) seen during each
 write, a rough witness that the build keeps dirty page cache bounded.
 
-Run from the repository root (about 2 GB of chunks + 2 x 2 GB of stores on disk,
-about 4.5 GB of RAM for the in-RAM build):
-    python bench/bench_store.py                  # default 2 GB, 16 chunks
-    python bench/bench_store.py --size-gb 0.5 --chunks 8 --dir /some/fast/disk
-    python bench/bench_store.py --gather-only STORE_DIR   # gather figures only
+Run from the repository root with the venv of `./aleph-dev setup` (about 2 GB of chunks
++ 2 x 2 GB of stores on disk, about 4.5 GB of RAM for the in-RAM build):
+    .venv/bin/python bench/bench_store.py                  # default 2 GB, 16 chunks
+    .venv/bin/python bench/bench_store.py --size-gb 0.5 --chunks 8 --dir /some/fast/disk
+    .venv/bin/python bench/bench_store.py --gather-only STORE_DIR   # gather figures only
 """
 
 from __future__ import annotations
@@ -220,19 +220,49 @@ def report_gather(store_dir: Path, args) -> None:
     print(f"  prefault at open: median {statistics.median(r['open_s']):.2f} s for the whole store")
 
 
+def _positive(kind):
+    """argparse type: a number of `kind` above zero (a zero or negative size, count or
+    round count has no meaningful figure; say so instead of failing deep inside)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be > 0")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-gb", type=float, default=2.0, help="store size in GB (1e9 bytes)")
-    ap.add_argument("--chunks", type=int, default=16)
-    ap.add_argument("--dim", type=int, default=768)
-    ap.add_argument("--batch", type=int, default=4096, help="rows per gather batch")
-    ap.add_argument("--batches", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=5, help="gather rounds; figures are medians")
+    ap.add_argument("--size-gb", type=_positive(float), default=2.0,
+                    help="store size in GB (1e9 bytes; default %(default)s)")
+    ap.add_argument("--chunks", type=_positive(int), default=16, help="chunk files (default %(default)s)")
+    ap.add_argument("--dim", type=_positive(int), default=768, help="row width (default %(default)s)")
+    ap.add_argument("--batch", type=_positive(int), default=4096,
+                    help="rows per gather batch (default %(default)s)")
+    ap.add_argument("--batches", type=_positive(int), default=200,
+                    help="batches per gather figure (default %(default)s)")
+    ap.add_argument("--rounds", type=_positive(int), default=5,
+                    help="gather rounds; figures are medians (default %(default)s)")
     ap.add_argument("--gather-only", metavar="STORE",
                     help="skip the build figures; measure gather on this existing store")
-    ap.add_argument("--dir", help="scratch directory on the disk to measure (default: ./work)")
+    ap.add_argument("--dir", help="scratch directory on the disk to measure (default: ./work "
+                                   "of the repository; removed afterwards)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not args.child and not args.gather_only:
+        rows_per_chunk = int(args.size_gb * 1e9) // (args.dim * 2) // args.chunks
+        if rows_per_chunk < 1:
+            ap.error(f"--size-gb {args.size_gb} is less than one {args.dim}-wide fp16 row per chunk "
+                     f"for --chunks {args.chunks}")
+    if args.gather_only:
+        store = Path(args.gather_only)
+        if not (store / "manifest.json").is_file():
+            ap.error(f"--gather-only {store}: not a target store (no manifest.json); "
+                     "build one with `aleph targets build`")
     if args.child:
         return child_build(args.child[0], args.child[1], args.child[2:])
     if args.gather_only:

@@ -3,7 +3,9 @@
 Each module in this package that defines `register(subparsers)` contributes one
 top-level subcommand; modules are discovered, so adding a command touches one file.
 A handler returns an exit code (or None for 0). `AlephError`s are printed without a
-traceback and exit with the error's code.
+traceback and exit with the error's code; an `OSError` that escapes a handler (a path
+that cannot be read or written) is printed the same way, naming the path, with the
+base `AlephError` code.
 """
 
 from __future__ import annotations
@@ -54,4 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except OSError as e:
+        # Backstop: a file the user named (or the work root) that cannot be read or written
+        # is a user-facing condition; name it in one line instead of a traceback.
+        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        what = e.strerror or str(e) or type(e).__name__
+        print(f"aleph {args.command}: error: {where + ': ' if where else ''}{what}", file=sys.stderr)
+        return AlephError.exit_code
     return 0 if rc is None else int(rc)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from aleph._io import atomic_write_text
+from aleph.errors import DataError
 
 
 def _smoke(args) -> int:
@@ -42,7 +43,11 @@ def _sts(args) -> int:
              sts_pairs(args.n, args.seed)]
     text = "\n".join(lines) + "\n"
     if args.out:
-        atomic_write_text(args.out, text)
+        try:
+            atomic_write_text(args.out, text)
+        except OSError as e:
+            raise DataError(f"--out {args.out}: cannot write ({e.strerror}); "
+                            "expected a file path in a writable directory") from None
         print(f"{args.out}: {len(lines)} pairs")
     else:
         print(text, end="")

@@ -27,8 +27,10 @@ def load_captions(source: str | os.PathLike, column: str = "caption", split: str
     """
     path = Path(source).expanduser()
     if path.suffix in FILE_SUFFIXES or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise DataError(f"captions file {path} does not exist")
+        if not path.is_file():
+            raise DataError(f"captions source {path} is not a file; expected one of {FILE_SUFFIXES}")
         reader = {".txt": _read_text, ".jsonl": _read_jsonl, ".json": _read_json,
                   ".parquet": _read_parquet}.get(path.suffix)
         if reader is None:
@@ -65,8 +67,12 @@ def _field(obj: object, column: str, where: str) -> str:
 
 def _read_jsonl(path: Path, column: str) -> list[str]:
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 text ({e})") from e
             if not line.strip():
                 continue
             try:
@@ -80,6 +86,8 @@ def _read_jsonl(path: Path, column: str) -> list[str]:
 def _read_json(path: Path, column: str) -> list[str]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e})") from e
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: invalid JSON ({e})") from e
     if not isinstance(data, list):

@@ -118,10 +118,16 @@ def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> Smok
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 2:
         raise DataError(f"smoke rows: expected an integer >= 2, got {rows!r}")
     root = Path(root).absolute()
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "a") as lock:
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(root.parent / f".{root.name}.lock", "a")
+    except OSError as e:
+        raise DataError(f"smoke data root {root}: cannot create it or its lock file beside it "
+                        f"({e.strerror}); expected a writable directory") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not _manifest_ok(root, rows, seed):
+            _check_replaceable(root)
             stage = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
             try:
                 _write(stage, rows, seed)
@@ -130,6 +136,29 @@ def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> Smok
                 shutil.rmtree(stage, ignore_errors=True)
         captions, chunks, tok = _files(root)
     return SmokeData(captions=captions, target_chunks=chunks, tokenizer_dir=tok, rows=rows)
+
+
+def _check_replaceable(root: Path) -> None:
+    """Refuse to replace anything but a smoke set (or an empty directory) at `root`.
+
+    Rebuilding swaps the whole directory out and deletes it, so a --root that names a
+    file or a directory of other data must be an error, not a deletion.
+    """
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise DataError(f"smoke data root {root}: exists and is not a directory; "
+                        "expected a smoke data directory or a path that does not exist")
+    if not any(root.iterdir()):
+        return
+    try:
+        fmt = read_json(root / "smoke.json").get("format")
+    except (OSError, ValueError, AttributeError):
+        fmt = None
+    if fmt != FORMAT:
+        raise DataError(f"smoke data root {root}: a non-empty directory without a smoke data "
+                        "manifest (smoke.json); refusing to replace it. Expected a smoke data "
+                        "directory, an empty directory, or a path that does not exist")
 
 
 def _swap_in(stage: Path, root: Path) -> None:
@@ -166,6 +195,8 @@ def sts_pairs(n: int, seed: int) -> list[tuple[str, str, float]]:
     independent synonyms and templates; gold = 5 * the meanings' feature-overlap cosine
     (`teacher.overlap_cosine`), rounded to 3 decimals.
     """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise DataError(f"sts pairs n {n!r}: expected a positive integer")
     rng = random.Random(seed)
     out = []
     for _ in range(n):

@@ -18,6 +18,7 @@ from pathlib import Path
 from aleph._io import fsync_dir, sha256_json, work_root
 from aleph.errors import DataError
 
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] = 0, as ModelConfig.pad_id
 
 
@@ -37,6 +38,9 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
     name = str(name_or_dir)
     path = Path(name).expanduser()
     if path.is_dir():
+        if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+            raise DataError(f"tokenizer directory {name!r} holds none of {list(_TOKENIZER_FILES)}; "
+                            "expected a saved transformers tokenizer (save_pretrained)")
         source, kwargs = str(path), {}
     elif _looks_like_path(name) or isinstance(name_or_dir, Path):
         raise DataError(f"tokenizer directory {name!r} does not exist")
@@ -45,11 +49,12 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
         source, kwargs = name, {"cache_dir": str(cache)}
     try:
         tok = AutoTokenizer.from_pretrained(source, **kwargs)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # a corrupt tokenizer.json surfaces as KeyError, TypeError, ...
         hint = ("" if path.is_dir() else
                 " (a hub name: needs network access or a copy already in the cache; "
                 "HF_HUB_OFFLINE=1 forbids downloads)")
-        raise DataError(f"cannot load tokenizer {name!r}{hint}: {e}") from e
+        first = " ".join(str(e).split()) or type(e).__name__
+        raise DataError(f"cannot load tokenizer {name!r}{hint}: {type(e).__name__}: {first}") from e
     if not getattr(tok, "is_fast", False):
         raise DataError(f"tokenizer {name!r} is not a fast (tokenizers-backed) tokenizer")
     return tok

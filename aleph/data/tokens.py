@@ -80,6 +80,8 @@ def build_token_store(captions: Sequence[str], tokenizer, out_dir: str | Path,
     one built from anything else is a StoreError (pick another directory or remove it).
     """
     out_dir = Path(out_dir)
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
+        raise DataError(f"max_len {max_len!r}: expected an integer >= 2 (room for [CLS] and [SEP])")
     if tokenizer.pad_token_id is None:
         raise DataError("tokenizer has no [PAD] token; the token store pads with it")
     if len(captions) == 0:
@@ -157,6 +159,14 @@ def open_token_store(path: str | Path, verify_hashes: bool = False) -> TokenStor
     if (man.get("format"), man.get("version")) != (FORMAT, VERSION):
         raise StoreError(f"{man_path}: format {man.get('format')!r} v{man.get('version')!r}, "
                          f"expected {FORMAT!r} v{VERSION}")
+    for key in ("rows", "max_len", "pad_id"):
+        value = man.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise StoreError(f"{man_path}: field {key!r} is {value!r}, expected an integer >= 0")
+    files = man.get("files")
+    if not isinstance(files, dict) or set(files) != {"ids.npy", "lengths.npy"}:
+        raise StoreError(f"{man_path}: field 'files' is {files!r}, expected the sha256 of "
+                         "ids.npy and lengths.npy")
     rows, max_len = man["rows"], man["max_len"]
     ids = _open_array(path / "ids.npy", (rows, max_len))
     lengths = _open_array(path / "lengths.npy", (rows,))

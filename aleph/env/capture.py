@@ -19,6 +19,7 @@ from aleph.env import hostinfo
 from aleph.env.cgroup import DEFAULT_ROOT, read_envelope
 from aleph.env.pins import comparable, freeze_lines, freeze_sha256, installed_packages
 from aleph.env.render import render_markdown
+from aleph.errors import ConfigError
 
 SCHEMA = "aleph-env-capture/1"
 # Seed-table package rows: (label, distribution name).
@@ -117,8 +118,13 @@ def write_capture(record: dict, out_dir: Path) -> tuple[Path, Path]:
     stamp = record["captured_utc"].replace("-", "").replace(":", "")
     md = Path(out_dir) / f"environment-{stamp}.md"
     js = md.with_suffix(".json")
-    atomic_write_json(js, record)
-    atomic_write_text(md, render_markdown(record))
+    try:
+        atomic_write_json(js, record)
+        atomic_write_text(md, render_markdown(record))
+    except OSError as e:
+        raise ConfigError(f"capture output directory {out_dir}: cannot write "
+                          f"{e.filename or md.name} ({e.strerror}); expected a writable directory "
+                          "(--out, $ALEPH_CAPTURE_DIR or $ALEPH_WORK/env)") from None
     return md, js
 
 

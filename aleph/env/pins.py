@@ -57,6 +57,10 @@ def parse_pins(path: str | Path) -> dict[str, str]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: pin file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the pin file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e}); expected 'name==version' lines") from None
     pins: dict[str, str] = {}
     for lineno, line in _logical_lines(text):
         line = re.sub(r"(^|\s)#.*$", "", line)  # comments

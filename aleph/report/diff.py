@@ -167,6 +167,10 @@ LABELS = ("preset",)  # recorded names, not interpreted by the trainer
 # not change what is computed (aleph.train.config.RESUMABLE_CHANGES is the source).
 _RESUMABLE = RESUMABLE_CHANGES
 HOLDING = ("store_implementation",)  # how targets are held: judged in the target section
+# Where the data was read from: a path or name differs between machines (a replication on
+# another host), while the contents are judged by content keys in the targets section
+# (target store content hash; token store key = captions content, tokenizer, max_len).
+SOURCES = ("captions", "captions_column", "targets", "tokenizer")
 
 
 def _flatten(obj, prefix="") -> dict:
@@ -191,6 +195,8 @@ def compare_config(d: RunDiff, ca: dict, cb: dict) -> None:
             d.add(s, "info", f"{text} (a label only)")
         elif key in HOLDING:
             d.add(s, "info", f"{text} (see target store)")
+        elif key in SOURCES:
+            d.add(s, "info", f"{text} (a data location: contents judged in the targets section)")
         elif key in _RESUMABLE:
             d.add(s, "info", f"{text} (does not change what is computed)")
         else:
@@ -213,8 +219,11 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
                         rundir.field(mb, "environment", src_b, kind=dict))
     compare_code(d, rundir.manifest_code(ma), rundir.manifest_code(mb), repo)
     compare_config(d, ca, cb)
-    for level, text in store_diff.compare_targets(rundir.manifest_targets(ma, src_a),
-                                                  rundir.manifest_targets(mb, src_b)):
+    ta, tb = rundir.manifest_targets(ma, src_a), rundir.manifest_targets(mb, src_b)
+    for level, text in store_diff.compare_targets(ta, tb):
+        d.add("targets", level, text)
+    sources_differ = any(_flatten(ca).get(k) != _flatten(cb).get(k) for k in SOURCES)
+    for level, text in store_diff.compare_tokens(ta, tb, sources_differ):
         d.add("targets", level, text)
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         for level, text in launches.check_launches(run, m):

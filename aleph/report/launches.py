@@ -59,10 +59,10 @@ def header_problem(log: Path, launch_id: str) -> str | None:
     head = [line for line in head if line]
     if not head:
         return f"log {log.name} is empty"
-    if not head[0].startswith(f"[{launch_id}"):
+    if not head[0].startswith(f"[{launch_id}] "):
         return (f"log {log.name} does not start with this launch's lines (first line: "
                 f"{head[0].strip()[:80]!r}): its preamble has no witness")
-    own = [_message(line) for line in head if line.startswith(f"[{launch_id}")]
+    own = [_message(line) for line in head if line.startswith(f"[{launch_id}] ")]
     missing = [name for name, marker in HEADER_MARKERS.items()
                if not any(m.startswith(marker.format(launch_id=launch_id)) for m in own)]
     if missing:

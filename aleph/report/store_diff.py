@@ -85,3 +85,23 @@ def compare_targets(ta: dict, tb: dict) -> list[tuple[str, str]]:
         return [("same", f"same targets ({why}; {_size(ta)}), both held by the {ia} store")]
     return [("caveat", f"same content, different holding: A consumed targets through the {ia} "
              f"store, B through the {ib} store; contents byte-identical ({why}; {_size(ta)})")]
+
+
+def compare_tokens(ta: dict, tb: dict, sources_differ: bool) -> list[tuple[str, str]]:
+    """(level, text) findings on what the runs tokenised: the token stores' cache keys.
+
+    A token store directory is named by the key of (captions content sha256, tokenizer
+    definition, max_len) (`aleph.data.tokens.token_store_dir`), so equal names mean the
+    same token ids whatever paths the captions were read from. `sources_differ`: the
+    configs name different caption/tokenizer/target locations; if the keys cannot be
+    compared, that is a caveat (contents unknown), otherwise nothing is said.
+    """
+    ka, kb = (Path(str(t["token_store"])).name if t.get("token_store") else None for t in (ta, tb))
+    if ka is not None and kb is not None:
+        if ka == kb:
+            return [("same", f"same token store key {ka}: captions content, tokenizer and max_len identical")]
+        return [("blocker", f"different captions, tokenizer or max_len: token store keys {ka} vs {kb}")]
+    if sources_differ:
+        return [("caveat", "the configs name different data locations and a run records no token "
+                 "store key: caption contents not compared")]
+    return []

@@ -57,7 +57,12 @@ def arm_summaries(rows: list[dict]) -> list[dict]:
             mean[key] = statistics.fmean(vals) if len(vals) == len(group) else None
             sd[key] = statistics.stdev(vals) if len(vals) == len(group) else None
         batches = {r.get("r_at_1_batch_size") for r in group}
-        mean["r_at_1_batch_size"] = sd["r_at_1_batch_size"] = batches.pop() if len(batches) == 1 else None
+        mean["r_at_1_batch_size"] = sd["r_at_1_batch_size"] = next(iter(batches)) if len(batches) == 1 else None
+        if len(batches) > 1:
+            # R@1 depends on the number of in-batch candidates: figures measured with
+            # different batch sizes are not samples of one quantity, so no mean or spread.
+            mean["r_at_1"] = sd["r_at_1"] = None
+            mean["r_at_1_text"] = sd["r_at_1_text"] = "— (R@1 batch sizes differ)"
         mean["dim"] = sd["dim"] = group[0].get("dim")
         names = set.intersection(*(set(r["tasks"]) for r in group))
         mean["tasks"] = {n: statistics.fmean(r["tasks"][n] for r in group) for n in names}

@@ -70,7 +70,11 @@ def build_store(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
     stats = [{"path": i.path, "size": i.file_size, "mtime_ns": i.mtime_ns} for i in infos]
     if source_fingerprint(stats) != fingerprint:
         raise StoreError("chunk files changed while their headers were read; try again")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"{out_dir}: cannot create the store directory ({e.strerror}); "
+                         "expected a writable directory path") from None
     with build_lock(out_dir, lock_timeout_s):
         hit = cached_store(out_dir, fingerprint, implementation)  # built while we waited
         if hit is not None:

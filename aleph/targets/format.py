@@ -64,7 +64,8 @@ _REQUIRED = {
     "chunks": list,
     "built_by": str,
 }
-_CHUNK_REQUIRED = {"index": int, "path": str, "rows": int, "row_start": int, "row_stop": int}
+_CHUNK_REQUIRED = {"index": int, "path": str, "rows": int, "row_start": int, "row_stop": int,
+                   "sha256": str}
 
 
 def check_manifest(m: object, where: str) -> dict:
@@ -78,6 +79,8 @@ def check_manifest(m: object, where: str) -> dict:
     for key, typ in _REQUIRED.items():
         if not isinstance(m.get(key), typ):
             raise StoreError(f"{where}: field {key!r} missing or not {typ.__name__}")
+    if m["data_file"] != DATA_FILE:
+        raise StoreError(f"{where}: field 'data_file' is {m['data_file']!r}, expected {DATA_FILE!r}")
     if m["format"] != FORMAT_NAME or m["format_version"] != FORMAT_VERSION:
         raise StoreError(
             f"{where}: format {m['format']!r} v{m['format_version']}, this code reads "

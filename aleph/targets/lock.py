@@ -33,7 +33,11 @@ def _holder(fd: int) -> str:
 def build_lock(store_dir: Path, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold the exclusive build lock of `store_dir` (waiting up to `timeout_s`)."""
     path = Path(store_dir) / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise StoreError(f"{path}: cannot create the build lock ({e.strerror}); "
+                         "the store directory must be writable") from None
     try:
         deadline = time.monotonic() + timeout_s
         while True:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aleph.env.cgroup import DEFAULT_ROOT, format_bytes, read_envelope
-from aleph.errors import QuotaError
+from aleph.errors import ConfigError, QuotaError
 from aleph.targets.sources import ChunkInfo, check_layout, describe_sources
 from aleph.targets.writer import DEFAULT_FLUSH_BYTES
 
@@ -75,6 +75,10 @@ def plan(sources: Sequence[str | os.PathLike | ChunkInfo], quota_bytes: int | No
 
     Reads only headers. `quota_bytes=None` reads the cgroup (v2 or v1) limit.
     """
+    if quota_bytes is not None and (isinstance(quota_bytes, bool) or quota_bytes <= 0):
+        raise ConfigError(f"memory quota {quota_bytes!r} bytes: expected a positive byte count")
+    if isinstance(headroom_bytes, bool) or headroom_bytes < 0:
+        raise ConfigError(f"headroom {headroom_bytes!r} bytes: expected a byte count >= 0")
     if sources and all(isinstance(s, ChunkInfo) for s in sources):
         infos = list(sources)
         check_layout(infos)

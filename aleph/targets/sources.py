@@ -21,6 +21,7 @@ import json
 import os
 import pickle
 import struct
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -116,14 +117,23 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise StoreError(f"{path}: safetensors header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise StoreError(f"{path}: safetensors header is {type(header).__name__}, expected a JSON object")
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     if len(tensors) != 1:
         raise StoreError(f"{path}: expected exactly one tensor, found {sorted(tensors)}")
     (key, meta), = tensors.items()
+    if not isinstance(meta, dict):
+        raise StoreError(f"{path}: tensor {key!r}: header entry is {meta!r}, expected an object")
     shape, name = meta.get("shape"), _ST_DTYPES.get(meta.get("dtype"))
-    if name is None or not isinstance(shape, list) or len(shape) != 2:
+    if (name is None or not isinstance(shape, list) or len(shape) != 2
+            or not all(type(n) is int and n >= 0 for n in shape)):
         raise StoreError(f"{path}: tensor {key!r} must be 2-D F16/BF16/F32, found {meta}")
-    begin, end = meta["data_offsets"]
+    offsets = meta.get("data_offsets")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(type(n) is int and n >= 0 for n in offsets)):
+        raise StoreError(f"{path}: tensor {key!r}: data_offsets {offsets!r}, expected [begin, end] byte offsets")
+    begin, end = offsets
     nbytes = shape[0] * shape[1] * DTYPES[name][1]
     if end - begin != nbytes:
         raise StoreError(f"{path}: tensor {key!r} spans {end - begin:,} bytes, its shape needs {nbytes:,}")
@@ -135,12 +145,16 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
 def _load_pt(path: str) -> tuple[torch.Tensor, str | None]:
     """Load a .pt with weights_only=True (mapped when possible) and pick its one tensor."""
     try:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):  # legacy (non-zip) format cannot be mapped
-                raise
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols of refused files
+            warnings.simplefilter("ignore")
+            try:
+                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):  # legacy (non-zip) format cannot be mapped
+                    raise
+                obj = torch.load(path, map_location="cpu", weights_only=True)
+    except PermissionError:
+        raise StoreError(f"{path}: chunk file is not readable (permission denied)") from None
     except pickle.UnpicklingError as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise StoreError(
@@ -148,7 +162,9 @@ def _load_pt(path: str) -> tuple[torch.Tensor, str | None]:
             f"only loaded with weights_only=True (nothing was unpickled): {first}"
         ) from None
     except Exception as e:  # zip/pickle corruption surfaces as many types
-        raise StoreError(f"{path}: unreadable .pt (truncated or not a torch.save file): {e}") from None
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise StoreError(f"{path}: unreadable .pt (truncated or not a torch.save file): "
+                         f"{type(e).__name__}: {first}") from None
     if isinstance(obj, torch.Tensor):
         return obj, None
     if isinstance(obj, dict) and len(obj) == 1:
@@ -182,8 +198,8 @@ def inspect_chunk(path: str | os.PathLike) -> ChunkInfo:
             raise StoreError(f"{path}: unknown chunk type {suffix!r} (expected one of {SUFFIXES})")
     except PermissionError:
         raise StoreError(f"{path}: chunk file is not readable (permission denied)") from None
-    if rows <= 0:
-        raise StoreError(f"{path}: chunk has no rows (shape {rows} x {dim})")
+    if rows <= 0 or dim <= 0:
+        raise StoreError(f"{path}: chunk has no rows or no columns (shape {rows} x {dim})")
     return ChunkInfo(path, rows, dim, dtype, st.st_size, st.st_mtime_ns, offset, key)
 
 

@@ -55,6 +55,8 @@ def load_manifest(store_dir: str | os.PathLike) -> dict:
     """Read and check `manifest.json` and the data file's size against it (quick verify)."""
     store_dir = Path(store_dir)
     path = store_dir / MANIFEST_FILE
+    if store_dir.exists() and not store_dir.is_dir():
+        raise StoreError(f"{store_dir}: not a directory; expected a target store directory")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -62,6 +64,10 @@ def load_manifest(store_dir: str | os.PathLike) -> dict:
             f"{path}: no manifest: not a complete target store (a build that did not finish "
             "leaves none; run the build again to resume it)"
         ) from None
+    except OSError as e:
+        raise StoreError(f"{path}: cannot read the manifest ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise StoreError(f"{path}: not valid JSON ({e})") from None
     try:
         manifest = check_manifest(json.loads(text), str(path))
     except json.JSONDecodeError as e:
@@ -71,6 +77,8 @@ def load_manifest(store_dir: str | os.PathLike) -> dict:
         size = data.stat().st_size
     except FileNotFoundError:
         raise StoreError(f"{data}: data file missing (manifest names it)") from None
+    except OSError as e:
+        raise StoreError(f"{data}: cannot stat the data file ({e.strerror})") from None
     if size != manifest["byte_length"]:
         raise StoreError(
             f"{data}: size {size:,} B does not match the manifest's byte_length "
@@ -130,7 +138,11 @@ class TargetStore:
                               if self._tensor.is_contiguous() else None)  # (N, D)
         else:
             self._tensor = None
-            self._mm = np.memmap(self.path, dtype=self._raw, mode="r", shape=(self.rows, self.dim))
+            try:
+                self._mm = np.memmap(self.path, dtype=self._raw, mode="r",
+                                     shape=(self.rows, self.dim))  # (N, D)
+            except OSError as e:
+                raise StoreError(f"{self.path}: cannot map the data file ({e.strerror})") from None
             self._rows_raw = self._mm
             if prefault:
                 self.prefaulted = prefault_mapping(self._mm)
@@ -138,9 +150,12 @@ class TargetStore:
     def _read_all(self) -> torch.Tensor:
         out = torch.empty((self.rows, self.dim), dtype=self.dtype)  # (N, D)
         buf = memoryview(out.view(self._torch_raw).numpy()).cast("B")
-        with open(self.path, "rb") as f:
-            if f.readinto(buf) != self.byte_length:
-                raise StoreError(f"{self.path}: shorter than {self.byte_length:,} bytes")
+        try:
+            with open(self.path, "rb") as f:
+                if f.readinto(buf) != self.byte_length:
+                    raise StoreError(f"{self.path}: shorter than {self.byte_length:,} bytes")
+        except OSError as e:
+            raise StoreError(f"{self.path}: cannot read the data file ({e.strerror})") from None
         return out
 
     def __len__(self) -> int:

@@ -22,7 +22,10 @@ def verify_store(store_dir: str | os.PathLike, full: bool = False) -> dict:
     row_bytes = manifest["dim"] * DTYPES[manifest["dtype"]][1]
     bad = []
     if full:
-        fd = os.open(data, os.O_RDONLY)
+        try:
+            fd = os.open(data, os.O_RDONLY)
+        except OSError as e:
+            raise StoreError(f"{data}: cannot open the data file to re-hash it ({e.strerror})") from None
         try:
             for c in manifest["chunks"]:
                 got = hash_range(fd, str(data), c["row_start"] * row_bytes, c["rows"] * row_bytes)

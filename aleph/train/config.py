@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -287,20 +288,58 @@ def load_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# A decimal number as people write it. YAML 1.1 (PyYAML) reads "1e-3" and "5e-4" as
+# *strings* (its float pattern wants a dot and a signed exponent), so numbers are taken
+# from the text by the field's declared type, not by YAML's guess.
+_NUMBER = re.compile(r"[+-]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+_ANNOTATIONS = {f.name: f.type for f in fields(TrainConfig)}
+
+
+def _as_float(value: Any) -> Any:
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        return float(value.strip().replace("_", ""))
+    return value
+
+
+def coerce_field(key: str, value: Any, raw: str | None = None) -> Any:
+    """`value` (parsed from YAML, or `raw` text of a --set) as field `key` declares it.
+
+    Float fields accept any decimal spelling ("1e-3" included); string fields keep the text
+    as written ("--set captions_column=2024" is the string "2024"); the two-float tuple
+    accepts "0.9,0.98". Anything else is left for the type check to report, naming the field.
+    """
+    ann = _ANNOTATIONS.get(key)
+    if ann in ("float", "float | None"):
+        return _as_float(value)
+    if ann in ("str", "str | None") and raw is not None and not isinstance(value, str):
+        if value is None and ann == "str | None":
+            return None
+        return raw.strip()
+    if ann == "tuple[float, float]":
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",")]
+        if isinstance(value, list | tuple):
+            return [_as_float(v) for v in value]
+    if ann == "tuple[str, ...]" and isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
 def parse_override(item: str) -> tuple[str, Any]:
-    """'key=value' -> (key, value); the value is parsed as YAML (so 1e-3, true, [a, b] work)."""
+    """'key=value' -> (key, value); the value is parsed as YAML (so true, null, [a, b] work),
+    then coerced to the field's declared type (so 1e-3 is a float, 2024 for a string field
+    is the string "2024"; see coerce_field)."""
     import yaml
 
     key, sep, raw = item.partition("=")
+    key = key.strip()
     if not sep or not key:
         raise ConfigError(f"override {item!r}: expected key=value")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    if key == "targets" and isinstance(value, str):
-        value = [v for v in value.split(",") if v]
-    return key.strip(), value
+    return key, coerce_field(key, value, raw)
 
 
 def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | None = None,
@@ -311,7 +350,8 @@ def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | 
     values: dict[str, Any] = dict(PRESETS[preset])
     layers: list[tuple[str, dict[str, Any]]] = []
     if file:
-        layers.append((f"config file {file}", load_file(file)))
+        data = load_file(file)
+        layers.append((f"config file {file}", {k: coerce_field(k, v) for k, v in data.items()}))
     layers.append(("--set", dict(parse_override(o) for o in overrides or [])))
     layers.append(("command line", {k: v for k, v in direct.items() if v is not None}))
     known = set(field_names())

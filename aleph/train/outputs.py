@@ -86,7 +86,9 @@ class Scalars:
     """TensorBoard writer; one event file per launch in tb/.
 
     purge_step drops events a killed launch wrote after its last checkpoint, so resumed
-    curves have no duplicated steps.
+    curves have no duplicated steps. It is set on a fresh start too (first_step 1): a
+    launch killed before its first resume state leaves steps 1..k that the next launch,
+    starting over from step 0, writes again.
     """
 
     def __init__(self, run_dir: Path, first_step: int) -> None:
@@ -94,7 +96,7 @@ class Scalars:
         from torch.utils.tensorboard import SummaryWriter
 
         self._w = SummaryWriter(log_dir=str(Path(run_dir) / TB_DIR),
-                                purge_step=first_step if first_step > 1 else None)
+                                purge_step=first_step)
 
     def write(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():

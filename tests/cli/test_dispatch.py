@@ -43,3 +43,17 @@ def test_unknown_command_is_an_argparse_error():
     with pytest.raises(SystemExit) as e:
         main(["no-such-command"])
     assert e.value.code == 2
+
+
+def test_an_escaping_os_error_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
+    import aleph.cli.env as env_cli
+
+    def handler(args):  # an OSError no library layer translated
+        open(tmp_path / "a-file" / "x")
+
+    (tmp_path / "a-file").write_text("keep\n")
+    monkeypatch.setattr(env_cli, "_check", handler)
+    rc = main(["env", "check"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("aleph env: error: ") and "a-file" in err
+    assert "Traceback" not in err and err.count("\n") == 1

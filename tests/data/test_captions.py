@@ -51,6 +51,9 @@ def test_missing_or_unsupported_files(tmp_path):
     (tmp_path / "c.csv").write_text("a\n")
     with pytest.raises(DataError, match="unsupported"):
         load_captions(tmp_path / "c.csv")
+    (tmp_path / "d.txt").mkdir()
+    with pytest.raises(DataError, match="is not a file"):
+        load_captions(tmp_path / "d.txt")
 
 
 def test_row_count_mismatch_names_both_sides():
@@ -78,3 +81,11 @@ def test_hub_ids_offline_give_a_clear_error(tmp_path):
     assert len(lines) == 2, out.stdout + out.stderr
     assert "org/captions-that-are-not-here" in lines[0] and "network" in lines[0]
     assert "bert-base-uncased" in lines[1] and "network" in lines[1]
+
+
+@pytest.mark.parametrize("name,body", [("c.jsonl", b'{"caption": "a"}\n{"caption": "\xff"}\n'),
+                                       ("c.json", b'[{"caption": "\xff"}]')])
+def test_json_sources_that_are_not_utf8_are_data_errors(tmp_path, name, body):
+    (tmp_path / name).write_bytes(body)
+    with pytest.raises(DataError, match="not UTF-8"):
+        load_captions(tmp_path / name)

@@ -31,3 +31,15 @@ def test_missing_tokenizer_exits_with_the_data_error_code(work, capsys, tmp_path
                str(tmp_path / "no-tokenizer")])
     assert rc == 2
     assert "no-tokenizer" in capsys.readouterr().err
+
+
+def test_sts_bad_arguments_are_one_line_errors(work, capsys, tmp_path):
+    assert main(["data", "sts", "--n", "-5"]) == 2
+    assert "expected a positive integer" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("keep\n")
+    # the --out parent is a file: an OSError that must become a named error, not a traceback
+    assert main(["data", "sts", "--n", "3", "--out", str(tmp_path / "a-file" / "p.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aleph data: error: --out ") and "a-file" in err
+    assert (tmp_path / "a-file").read_text() == "keep\n"
+

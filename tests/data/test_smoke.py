@@ -105,3 +105,22 @@ def test_concurrent_callers_share_one_set(tmp_path):
     assert sets[0] == sets[1] == sets[2]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".s.lock", "s"]  # nothing staged left
     assert len(sets[0].captions.read_text().split("\n")) == 201
+
+
+def test_a_root_holding_other_data_is_refused_not_deleted(tmp_path):
+    # a rebuild swaps the root out and deletes it: --root pointing at a user's file or
+    # data directory must be an error that leaves it intact
+    other = tmp_path / "mydata"
+    other.mkdir()
+    (other / "notes.txt").write_text("important\n")
+    with pytest.raises(DataError, match="refusing to replace"):
+        ensure_smoke_data(other, rows=20)
+    assert (other / "notes.txt").read_text() == "important\n"
+    afile = tmp_path / "file.txt"
+    afile.write_text("keep\n")
+    with pytest.raises(DataError, match="not a directory"):
+        ensure_smoke_data(afile, rows=20)
+    assert afile.read_text() == "keep\n"
+    (tmp_path / "empty").mkdir()
+    assert ensure_smoke_data(tmp_path / "empty", rows=20).rows == 20  # empty dir is fine
+    assert ensure_smoke_data(tmp_path / "empty", rows=30).rows == 30  # other args: rebuilt

@@ -1,3 +1,5 @@
+import shutil
+
 import pytest
 
 from aleph.data import load_tokenizer, tokenizer_fingerprint, train_wordpiece
@@ -50,3 +52,16 @@ def test_missing_directory_is_named(tmp_path):
         load_tokenizer(tmp_path / "nope")
     with pytest.raises(DataError, match="does not exist"):
         load_tokenizer("./no/such/tokenizer")
+
+
+def test_empty_or_corrupt_directory_is_a_one_line_data_error(tmp_path, smoke):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="holds none of") as e:
+        load_tokenizer(tmp_path / "empty")
+    assert "\n" not in str(e.value)
+    bad = tmp_path / "bad"
+    shutil.copytree(smoke.tokenizer_dir, bad)
+    (bad / "tokenizer.json").write_text('{"version": "1.0", "garbage": 1}')  # KeyError inside
+    with pytest.raises(DataError, match="cannot load tokenizer") as e:
+        load_tokenizer(bad)
+    assert "\n" not in str(e.value)

@@ -85,3 +85,21 @@ def test_concurrent_builders_end_with_one_store(tmp_path, captions, smoke_tokeni
         manifests = list(pool.map(build, range(3)))
     assert manifests[0] == manifests[1] == manifests[2]
     assert [p.name for p in tmp_path.iterdir()] == ["s"]
+
+
+@pytest.mark.parametrize("max_len", [0, 1, -3])
+def test_max_len_too_small_is_a_data_error(tmp_path, captions, smoke_tokenizer, max_len):
+    with pytest.raises(DataError, match="max_len"):
+        build_token_store(captions[:3], smoke_tokenizer, tmp_path / "s", max_len=max_len)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("edit", [{"rows": None}, {"max_len": "24"}, {"files": None}, {"pad_id": True}])
+def test_manifest_missing_or_mistyped_field_is_a_store_error(tmp_path, captions, smoke_tokenizer, edit):
+    build_token_store(captions[:5], smoke_tokenizer, tmp_path / "s", max_len=24)
+    man_path = tmp_path / "s" / "manifest.json"
+    man = {**json.loads(man_path.read_text()), **edit}
+    man = {k: v for k, v in man.items() if v is not None}  # None: the field is removed
+    man_path.write_text(json.dumps(man))
+    with pytest.raises(StoreError, match="field '(rows|max_len|files|pad_id)'"):
+        open_token_store(tmp_path / "s")

@@ -68,3 +68,14 @@ def test_docker_data_root_is_on_the_data_disk(cfg):
     assert daemon["data-root"].startswith(mount[1] + "/")
     assert cfg["fs_setup"][0]["overwrite"] is False  # never wipe an existing store
     assert {"docker.io", "docker-compose-v2"} <= set(cfg["packages"])
+
+
+def test_every_later_boot_runs_the_host_check_again(cfg, tmp_path):
+    # After the driver reboot the log must describe the running host, not the first boot.
+    script = _file(cfg, "/var/lib/cloud/scripts/per-boot/aleph-host-check")
+    f = tmp_path / "per-boot.sh"
+    f.write_text(script)
+    p = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True, timeout=20)
+    assert p.returncode == 0, p.stderr
+    assert "docker/host_check.py --work-dir /srv/aleph" in script
+    assert "/var/log/aleph-host-check.log" in script

@@ -123,6 +123,8 @@ def test_tests_service_runs_pytest_strictly(cfg):
 def test_tensorboard_serves_the_runs_read_only(cfg):
     s = cfg["services"]["tensorboard"]
     assert s["ports"][0]["target"] == 6006 and s["ports"][0]["published"] == "6006"
+    # No authentication: loopback of the host unless ALEPH_TB_BIND says otherwise.
+    assert s["ports"][0]["host_ip"] == "127.0.0.1"
     assert s["volumes"][0]["source"] == "work" and s["volumes"][0]["read_only"] is True
     assert s["command"][:2] == ["aleph", "tensorboard"] and "/workspace/runs" in s["command"]
     assert s["logging"]["options"]["max-size"] == "20m"

@@ -218,3 +218,13 @@ def test_live_gpu_facts_agree_with_torch():
     assert len(facts["gpus"]) >= torch.cuda.device_count()
     assert torch.cuda.get_device_name(0) in {g["name"] for g in facts["gpus"]}
     assert runtime_facts()["cudnn"] == torch.backends.cudnn.version()
+
+
+def test_unwritable_output_is_a_named_config_error(tmp_path):
+    from aleph.errors import ConfigError
+
+    rec = _capture(tmp_path, _files(tmp_path / "cg", V2))
+    (tmp_path / "a-file").write_text("keep\n")
+    with pytest.raises(ConfigError, match="capture output directory .*a-file.*writable"):
+        write_capture(rec, tmp_path / "a-file" / "out")  # parent is a file: fails even as root
+    assert (tmp_path / "a-file").read_text() == "keep\n"

@@ -108,3 +108,14 @@ def test_the_image_locks_install_exactly_the_freeze():
     # Otherwise the image build fails later, at its `aleph env check --strict` step.
     installed = {**parse_pins(locks[0]), **parse_pins(locks[1])}
     assert installed == parse_pins(REPO / "pip_freeze.txt")
+
+
+def test_unreadable_or_binary_pin_file_is_a_config_error(tmp_path):
+    bad = tmp_path / "pip_freeze.txt"
+    bad.write_bytes(b"\xff\xfetorch==2.4.1\n")
+    with pytest.raises(ConfigError, match="pip_freeze.txt: not UTF-8"):
+        parse_pins(bad)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "pip_freeze.txt").mkdir()  # a directory where the file should be
+    with pytest.raises(ConfigError, match="pip_freeze.txt: cannot read the pin file"):
+        parse_pins(tmp_path / "d" / "pip_freeze.txt")

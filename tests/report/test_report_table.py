@@ -111,3 +111,16 @@ def test_missing_or_broken_eval_json_is_named(tmp_path, capsys):
     atomic_write_json(tmp_path / "r" / "eval.json", {"run_id": "r", "arm": "a2_dense", "tasks": {}})
     assert main(["report", str(tmp_path / "r")]) == 2
     assert "missing field 'capability'" in capsys.readouterr().err
+
+
+def test_r_at_1_of_different_batch_sizes_is_not_averaged(tmp_path):
+    a = fake_eval(tmp_path / "a2_dense-s0", "a2_dense", 0, 0.60, r1=0.99)
+    b = fake_eval(tmp_path / "a2_dense-s1", "a2_dense", 1, 0.62, r1=0.90)
+    ev = json.loads((b / "eval.json").read_text())
+    ev["probes"]["r_at_1_batch_size"] = 1024  # more candidates: a harder, different figure
+    atomic_write_json(b / "eval.json", ev)
+    rows = table.build([a, b])["rows"]
+    mean, sd = rows[2], rows[3]
+    assert mean["kind"] == "mean" and mean["r_at_1"] is None and sd["r_at_1"] is None
+    assert mean["capability"] == pytest.approx(0.61)  # the other columns are still summarised
+    assert "R@1 batch sizes differ" in markdown(table.build([a, b]))

@@ -211,3 +211,29 @@ def test_launch_statuses_are_the_trainers_and_each_is_judged(tmp_path):
     edit(b, "manifest.json", lambda m: m["launches"][1].update(status="stopped", exit_status=0))
     assert diff_runs(a, b).blockers == ["B: launch 2 (L2) ended stopped with exit status 0: "
                                         "the run did not finish"]
+
+
+def test_data_locations_are_judged_by_content_not_by_path(tmp_path):
+    """A replication on another host reads the same data from other paths: not a blocker;
+    the same path holding other captions is one (token store key = captions content)."""
+    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False,
+                 config={"smoke_data": False, "captions": "/data/cc12m.parquet",
+                         "targets": ["/data/t/a.pt"], "tokenizer": "bert-base-uncased"})
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False,
+                 config={"smoke_data": False, "captions": "/mnt/vol/cc12m.parquet",
+                         "targets": ["/mnt/vol/t/a.pt"], "tokenizer": "/mnt/vol/bert"})
+    for run in (a, b):
+        key = f"{run}/cache/tokens/0123456789abcdef"  # two work roots, one cache key
+        edit(run, "manifest.json", lambda m, key=key: m["target_store"].update(token_store=key))
+    d = diff_runs(a, b)
+    assert d.verdict == "equivalent", format_diff(d)
+    assert ("info", "captions: '/data/cc12m.parquet' vs '/mnt/vol/cc12m.parquet' (a data location: "
+            "contents judged in the targets section)") in levels(d, "config")
+    assert any(lv == "same" and "same token store key 0123456789abcdef" in t for lv, t in levels(d, "targets"))
+
+    edit(b, "manifest.json", lambda m: m["target_store"].update(token_store="/w/cache/tokens/fedcba9876543210"))
+    assert diff_runs(a, b).blockers == [
+        "different captions, tokenizer or max_len: token store keys 0123456789abcdef vs fedcba9876543210"]
+    edit(b, "manifest.json", lambda m: m["target_store"].pop("token_store"))
+    assert diff_runs(a, b).caveats == ["the configs name different data locations and a run records "
+                                       "no token store key: caption contents not compared"]

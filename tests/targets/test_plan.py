@@ -86,3 +86,12 @@ def test_cgroup_v1_limit_is_read(tmp_path):
     infos = [ChunkInfo(f"c{i}.pt", n, SEED_DIM, "float16") for i, n in enumerate(seed_chunk_rows())]
     p = plan(infos, cgroup_root=tmp_path / "cg1")
     assert p.quota_bytes == SEED_QUOTA and p.choice == "streaming" and not p.allowed["in_ram"]
+
+
+@pytest.mark.parametrize("quota,headroom", [(0, 1 << 30), (-5, 1 << 30), (SEED_QUOTA, -1)])
+def test_nonsense_quota_or_headroom_is_a_config_error(quota, headroom):
+    from aleph.errors import ConfigError
+
+    infos = [ChunkInfo("c.pt", 10, SEED_DIM, "float16")]
+    with pytest.raises(ConfigError, match="quota|headroom"):
+        plan(infos, quota_bytes=quota, headroom_bytes=headroom)

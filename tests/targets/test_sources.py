@@ -115,3 +115,23 @@ def test_wrong_rank_dtype_and_suffix(tmp_path):
     torch.save(torch.zeros(0, 8, dtype=torch.float16), tmp_path / "e.pt")
     with pytest.raises(StoreError, match=r"e\.pt: chunk has no rows"):
         inspect_chunk(tmp_path / "e.pt")
+
+
+
+@pytest.mark.parametrize("header,data,what", [
+    ([1, 2], 16, "header is list"),
+    ({"t": 5}, 16, "entry is 5"),
+    ({"t": {"dtype": "F16", "shape": [2, 4]}}, 16, "data_offsets None"),
+    ({"t": {"dtype": "F16", "shape": ["2", 4], "data_offsets": [0, 16]}}, 16, "must be 2-D"),
+    ({"t": {"dtype": "F16", "shape": [2, 4], "data_offsets": "x"}}, 16, "data_offsets 'x'"),
+    ({"t": {"dtype": "F16", "shape": [2, 0], "data_offsets": [0, 0]}}, 0, "no columns"),
+])
+def test_malformed_safetensors_header_is_a_store_error(tmp_path, header, data, what):
+    import json
+    import struct
+
+    h = json.dumps(header).encode()
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * data)
+    with pytest.raises(StoreError, match=rf"m\.safetensors: .*{what}"):
+        inspect_chunk(path)

@@ -138,3 +138,48 @@ def test_in_ram_gather_of_a_strided_tensor(built):
     store = TargetStore(d, load_manifest(d), "in_ram", strided)
     idx = np.array([99, 0, 42, 42, 7])
     assert torch.equal(store.gather(idx), ref[idx])
+
+
+def test_manifest_fields_that_would_crash_or_escape_are_refused(built):
+    d, _ = built
+    manifest = json.loads((d / "manifest.json").read_text())
+    chunks = [{k: v for k, v in c.items() if k != "sha256"} for c in manifest["chunks"]]
+    (d / "manifest.json").write_text(json.dumps({**manifest, "chunks": chunks}))
+    with pytest.raises(StoreError, match=r"chunks\[0\] field 'sha256' missing"):
+        open_store(d)  # was a KeyError from content_sha256
+    (d / "manifest.json").write_text(json.dumps({**manifest, "data_file": "../../x.bin"}))
+    with pytest.raises(StoreError, match="field 'data_file'"):
+        open_store(d)
+
+
+def test_a_file_where_the_store_should_be_is_a_store_error(tmp_path, make_chunks):
+    paths, _ = make_chunks(rows=(4,))
+    (tmp_path / "f").write_text("keep\n")
+    with pytest.raises(StoreError, match="not a directory"):
+        open_store(tmp_path / "f")
+    with pytest.raises(StoreError, match="not a directory"):
+        verify_store(tmp_path / "f")
+    with pytest.raises(StoreError, match="cannot create the store directory"):
+        build_store(paths, tmp_path / "f")
+    with pytest.raises(StoreError, match="cannot create the store directory"):
+        build_store(paths, tmp_path / "f" / "sub")
+    assert (tmp_path / "f").read_text() == "keep\n"
+
+
+def test_unreadable_data_file_is_a_store_error(built, monkeypatch):
+    d, _ = built
+    real_open = os.open
+
+    def deny(path, *a, **kw):
+        if str(path).endswith("targets.bin"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(os, "open", deny)  # tests may run as root, where chmod denies nothing
+    with pytest.raises(StoreError, match="cannot open the data file"):
+        verify_store(d, full=True)
+    monkeypatch.undo()
+    monkeypatch.setattr(np, "memmap", lambda *a, **k: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied")))
+    with pytest.raises(StoreError, match="cannot map the data file"):
+        open_store(d)

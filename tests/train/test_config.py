@@ -103,3 +103,24 @@ def test_cli_refuses_before_any_work(work):
     assert proc.returncode == 2
     assert "config field 'epochs': got 0, expected a positive integer" in proc.stderr
     assert list(work.iterdir()) == []  # nothing written: no run dir, no smoke data
+
+
+def test_set_parses_values_by_the_field_type():
+    # PyYAML reads "1e-3" as a string: float fields must still get the number
+    cfg = resolve("smoke", arm="a2_dense", overrides=[
+        "lr=1e-3", "tau=7E-2", "eps=1e-6", "betas=0.8,0.95", "alloc_cap_fraction=null",
+        "captions_column=2024", "hf_token=12345", "epochs=3", "deterministic=false"])
+    assert (cfg.lr, cfg.tau, cfg.eps, cfg.betas) == (1e-3, 0.07, 1e-6, (0.8, 0.95))
+    assert cfg.alloc_cap_fraction is None and cfg.epochs == 3 and cfg.deterministic is False
+    assert cfg.captions_column == "2024" and cfg.hf_token == "12345"
+    assert resolve("smoke", arm="a2_dense", overrides=["hf_token=null"]).hf_token is None
+    assert resolve("smoke", arm="a2_dense", overrides=["betas=[0.5, 0.6]"]).betas == (0.5, 0.6)
+    with pytest.raises(ConfigError, match="'batch_size'"):  # an int field takes no float spelling
+        resolve("smoke", arm="a2_dense", overrides=["batch_size=1e3"])
+
+
+def test_yaml_file_float_in_exponent_form(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("lr: 5e-4\nmin_lr_ratio: 1e-2\n")
+    cfg = resolve("smoke", file=str(y), arm="a2_dense")
+    assert (cfg.lr, cfg.min_lr_ratio) == (5e-4, 0.01)

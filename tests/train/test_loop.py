@@ -219,3 +219,20 @@ def test_a_signal_during_a_token_store_build_leaves_no_store(tmp_path):
     assert len(calls) == 2
     assert not out.exists() and list(out.parent.iterdir()) == []  # no store, no staging leftovers
     assert build_token_store(captions, tok, out, 16).rows == 64  # a restart builds it whole
+
+
+def test_position_advances_across_epochs_and_resumes_on_the_right_rows():
+    from aleph.train.fit import advance
+
+    order = DataOrder(3, 70, 16)  # 4 full batches per epoch; 6 rows dropped each epoch
+    pos, seen = ckpt.Position(0, 0, 0, 0), {0: [], 1: []}
+    for _ in range(8):
+        seen[pos.epoch].append(order.indices(pos.epoch, pos.batch_in_epoch, World()))
+        pos = advance(pos, order.steps_per_epoch, 16, 0.0)
+        if pos.step == 4:  # the state a resume after epoch 0 starts from
+            assert (pos.epoch, pos.batch_in_epoch, pos.samples_seen) == (1, 0, 64)
+    assert (pos.step, pos.epoch, pos.batch_in_epoch, pos.samples_seen) == (8, 2, 0, 128)
+    for epoch, batches in seen.items():
+        rows = np.concatenate(batches)
+        assert len(set(rows.tolist())) == 64  # no row twice within an epoch
+        assert np.array_equal(rows, order.permutation(epoch)[:64])  # the epoch's own order

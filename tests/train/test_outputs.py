@@ -68,3 +68,18 @@ def test_smoke_run_outputs(train_work):
     out = model.eval()(ids["input_ids"], ids["attention_mask"].bool())
     assert out.shape == (1, 768) and torch.allclose(out.norm(dim=-1), torch.ones(1), atol=1e-5)
     assert json.loads((run / "config.json").read_text())["arm"] == "a1_anchored"
+
+
+def test_a_restart_from_step_0_replaces_the_steps_of_a_launch_killed_before_any_checkpoint(tmp_path):
+    """The killed launch wrote steps 1-3 but no resume state; the next starts over from step 0."""
+    from aleph.train.outputs import Scalars
+
+    killed = Scalars(tmp_path, first_step=1)
+    for step in (1, 2, 3):
+        killed.write(step, {"train/loss": 10.0 + step})
+    killed.close()
+    again = Scalars(tmp_path, first_step=1)
+    for step in (1, 2, 3, 4):
+        again.write(step, {"train/loss": float(step)})
+    again.close()
+    assert tb_scalars(tmp_path)["train/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
