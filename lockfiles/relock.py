@@ -324,7 +324,7 @@ def fill_cu124(index_url: str) -> None:
                "-d", tmp] + [f"{e.name}=={e.version}" for e in entries]
         subprocess.run(cmd, check=True, env=pip_env())
         files = {norm(f.name.split("-")[0]): f for f in Path(tmp).glob("*.whl")}
-        today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+        today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")  # noqa: UP017 (runs on 3.10 hosts)
         for e in entries:
             f = files.get(norm(e.name))
             if f is None:

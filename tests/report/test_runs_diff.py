@@ -237,3 +237,16 @@ def test_data_locations_are_judged_by_content_not_by_path(tmp_path):
     edit(b, "manifest.json", lambda m: m["target_store"].pop("token_store"))
     assert diff_runs(a, b).caveats == ["the configs name different data locations and a run records "
                                        "no token store key: caption contents not compared"]
+
+
+def test_a_log_of_a_launch_whose_id_extends_this_one_is_not_its_header(tmp_path):
+    """Two launches in one second on one host differ only in the pid: ...-451 vs ...-4512."""
+    from fixtures.runs import launch_log_lines
+
+    from aleph.report.launches import header_problem
+
+    log = tmp_path / "L-451.log"
+    log.write_text("\n".join(launch_log_lines("L-4512")) + "\n")
+    assert "does not start with this launch's lines" in header_problem(log, "L-451")
+    log.write_text("\n".join(launch_log_lines("L-451")) + "\n")
+    assert header_problem(log, "L-451") is None
