@@ -26,12 +26,30 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask would race other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` atomically (temp file, fsync, rename, fsync dir)."""
+    """Write `data` to `path` atomically (temp file, fsync, rename, fsync dir).
+
+    The file gets the mode an ordinary `open(path, "w")` would give it (0o666 less the
+    umask), not mkstemp's 0o600: run records on a shared work volume must stay readable
+    by the other services and users that read them.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -104,7 +104,11 @@ def _read_parquet(path: Path, column: str) -> list[str]:
         raise DataError(f"{path}: not a readable parquet file ({e})") from e
     if column not in schema.names:
         raise DataError(f"{path}: no column {column!r}; columns are {schema.names}")
-    values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    try:
+        values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    except Exception as e:  # a damaged data page after a readable footer
+        why = " ".join(str(e).split())
+        raise DataError(f"{path}: column {column!r} is not readable ({type(e).__name__}: {why})") from e
     return _check_strings(values, f"{path} column {column!r}")
 
 

@@ -82,12 +82,15 @@ def _manifest_ok(root: Path, rows: int, seed: int) -> bool:
         man = read_json(path)
     except ValueError:
         return False
+    if not isinstance(man, dict) or not isinstance(man.get("files"), dict) \
+            or not isinstance(man.get("chunk_rows"), list):
+        return False
     if (man.get("format"), man.get("version"), man.get("rows"), man.get("seed")) != (
             FORMAT, VERSION, rows, seed):
         return False
-    files = man.get("files", {})
+    files = man["files"]
     return bool(files) and all(
-        (root / rel).is_file() and sha256_file(root / rel) == digest
+        isinstance(rel, str) and (root / rel).is_file() and sha256_file(root / rel) == digest
         for rel, digest in files.items())
 
 

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from aleph.errors import ConfigError
+
 DEFAULT_ROOT = Path("/sys/fs/cgroup")
 # cgroup v1 reports "no limit" as a huge page-aligned number near 2**63.
 _V1_UNLIMITED = 1 << 62
@@ -40,6 +42,13 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def _int(text: str, path: Path) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{path}: {text!r} is not an integer (malformed cgroup file)") from None
+
+
 def _own_v2_dir(root: Path) -> Path:
     """The process's own cgroup v2 directory under `root` (root itself in a container)."""
     rel = None
@@ -61,13 +70,13 @@ def read_envelope(root: str | os.PathLike = DEFAULT_ROOT) -> Envelope:
     if (root / "cgroup.controllers").exists():
         d = _own_v2_dir(root)
         mem = _read(d / "memory.max")
-        memory = None if mem in (None, "max") else int(mem)
+        memory = None if mem in (None, "max") else _int(mem, d / "memory.max")
         quota = period = None
         cpu = _read(d / "cpu.max")
         if cpu:
             q, _, p = cpu.partition(" ")
-            period = int(p) if p else 100000
-            quota = None if q == "max" else int(q)
+            period = _int(p, d / "cpu.max") if p else 100000
+            quota = None if q == "max" else _int(q, d / "cpu.max")
         cpuset = _read(d / "cpuset.cpus.effective") or _read(d / "cpuset.cpus")
         return Envelope(2, memory, quota, period if quota is not None else None, cpuset)
     mem_dir, cpu_dir = root / "memory", root / "cpu,cpuacct"
@@ -75,11 +84,13 @@ def read_envelope(root: str | os.PathLike = DEFAULT_ROOT) -> Envelope:
         cpu_dir = root / "cpu"
     if mem_dir.exists() or cpu_dir.exists():
         mem = _read(mem_dir / "memory.limit_in_bytes")
-        memory = int(mem) if mem and int(mem) < _V1_UNLIMITED else None
+        mem_n = _int(mem, mem_dir / "memory.limit_in_bytes") if mem else None
+        memory = mem_n if mem_n is not None and mem_n < _V1_UNLIMITED else None
         q = _read(cpu_dir / "cpu.cfs_quota_us")
         p = _read(cpu_dir / "cpu.cfs_period_us")
-        quota = int(q) if q and int(q) > 0 else None
-        period = int(p) if (p and quota is not None) else None
+        q_n = _int(q, cpu_dir / "cpu.cfs_quota_us") if q else None
+        quota = q_n if q_n is not None and q_n > 0 else None
+        period = _int(p, cpu_dir / "cpu.cfs_period_us") if (p and quota is not None) else None
         cpuset = _read(root / "cpuset" / "cpuset.effective_cpus") or _read(
             root / "cpuset" / "cpuset.cpus"
         )

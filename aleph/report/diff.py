@@ -142,6 +142,10 @@ def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None) -> None:
         if str(rev).endswith("-dirty"):
             d.add(s, "caveat", f"{who} ran from a modified working tree ({rev}): its exact source has no revision")
     clean = [str(r).removesuffix("-dirty") for r in (ra, rb)]
+    if any(c in ("unknown", "None", "") for c in clean):
+        d.add(s, "info", "hunks not shown: a run records no code revision (neither an image "
+              "REVISION nor a git checkout); only the source hashes compare")
+        return
     if clean[0] == clean[1]:
         d.add(s, "info", f"same base revision {clean[0][:12]}: the difference is in uncommitted "
               "changes, which no checkout holds (compare the source hashes)")

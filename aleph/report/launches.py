@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 from pathlib import Path
 
-from aleph.train.outputs import COMPLETE, STATUSES, STOPPED
+from aleph.train.outputs import COMPLETE, NOTHING_TO_TRAIN, STATUSES, STOPPED
 
 # The header is among the launch's first lines (aleph.train.session.Session.header);
 # each item is a message that starts with its marker. Lines read `[<tag>] <UTC> <message>`.
@@ -97,8 +97,13 @@ def check_launches(run_dir: Path, manifest: dict) -> list[tuple[str, str]]:
         return [("caveat", "no launch recorded in manifest.json")]
     out: list[tuple[str, str]] = []
     n = len(entries)
-    out.append(("info" if n == 1 else "caveat",
-                f"{n} launch(es)" + ("" if n == 1 else f": resumed {n - 1} time(s)")))
+    # Later launches continue the run, except those that found it finished and trained nothing.
+    idle = sum(1 for e in entries[1:] if e.get("note") == NOTHING_TO_TRAIN)
+    resumes = n - 1 - idle
+    text = f"{n} launch(es)" + (f": resumed {resumes} time(s)" if resumes else "")
+    if idle:
+        text += f"; {idle} found the run already complete and trained nothing"
+    out.append(("caveat" if resumes else "info", text))
     prev_end = None
     for i, e in enumerate(entries, start=1):
         lid = str(e.get("launch_id", f"#{i}"))

@@ -70,6 +70,15 @@ def build_streaming(store_dir: Path, infos: list[ChunkInfo], fingerprint: str,
         fd = os.open(partial, os.O_RDWR)
         done = _verified_prefix(fd, str(partial), chunks, done, row_bytes)
     try:
+        # chunks recorded by an interrupted "warn" build are not re-scanned: a resume
+        # under "fail" must refuse their non-finite rows from the record
+        for d in done:
+            if d.get("nonfinite") and nonfinite == "fail":
+                nf = d["nonfinite"]
+                raise StoreError(
+                    f"{nf.get('path')}: {nf.get('count')} row(s) contain NaN/Inf; store rows "
+                    f"{nf.get('first_rows')} (found by the interrupted build this one resumes); "
+                    "refused because non-finite rows are set to fail")
         for k in range(len(done), len(infos)):
             with open_chunk(infos[k]) as raw:  # (rows_k, D) mapped
                 res = write_chunk(fd, str(partial), chunks[k]["row_start"] * row_bytes, raw,

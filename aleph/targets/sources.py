@@ -178,6 +178,9 @@ def _load_pt(path: str) -> tuple[torch.Tensor, str | None]:
 def _inspect_pt(path: str) -> tuple[int, int, str, None, str | None]:
     t, key = _load_pt(path)
     name = torch_dtype_name(t.dtype)
+    if t.layout != torch.strided:
+        raise StoreError(f"{path}: expected a dense tensor, found layout {t.layout} "
+                         "(convert with .to_dense() before saving)")
     if name is None or t.dim() != 2:
         raise StoreError(f"{path}: expected a 2-D float16/bfloat16/float32 tensor, found {tuple(t.shape)} {t.dtype}")
     return t.shape[0], t.shape[1], name, None, key

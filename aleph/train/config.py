@@ -106,7 +106,8 @@ class TrainConfig:
     eps: float = 1e-8
     """AdamW epsilon."""
     warmup_steps: int = 2000
-    """Linear warmup steps from 0 to lr; then cosine decay to min_lr_ratio * lr at the last step."""
+    """Linear warmup steps: step k < warmup uses lr * (k+1)/warmup. Then cosine decay that reaches
+    min_lr_ratio * lr at the end of the schedule (the last step itself is one cosine step above it)."""
     min_lr_ratio: float = 0.0
     """Floor of the cosine decay, as a fraction of lr."""
     grad_clip: float = 1.0

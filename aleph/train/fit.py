@@ -126,7 +126,7 @@ def fit(s) -> tuple[str, str]:
     if s.pos.step >= s.total_steps:
         s.log(f"run already complete at step {s.pos.step}; nothing to train")
         finish(s, None)
-        return "complete", "already complete"
+        return "complete", outputs.NOTHING_TO_TRAIN
     rep, clock = Reporter(s, s.pos.step), Clock(s.pos.train_seconds)
     pause = loop.pause_step()
     s.net.train()

@@ -57,11 +57,19 @@ class DataOrder:
 
 # --- optimiser and schedule --------------------------------------------------------------
 
+NO_DECAY_SUFFIXES = ("address.anchors",)
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; matrices decay, vectors (norms, biases, gates) do not (as nanoGPT)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    other = [p for p in params if p.ndim < 2]
+    """AdamW; matrices decay, vectors (norms, biases, gates) do not (as nanoGPT).
+
+    a1's anchors do not decay either: they are normalised before use, so decay would only
+    shrink their length and thereby speed up the drift of their direction, a push a3's
+    frozen anchors never get; a1 vs a3 must differ only in what the loss moves.
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in named if p.ndim >= 2 and not n.endswith(NO_DECAY_SUFFIXES)]
+    other = [p for n, p in named if p.ndim < 2 or n.endswith(NO_DECAY_SUFFIXES)]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": other, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)

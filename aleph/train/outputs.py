@@ -20,6 +20,8 @@ from aleph.train.identity import code_revision, hostname, source_sha256, utc_now
 # exit status) or 'lost' (set by a later launch for one that died without recording its end).
 RUNNING, COMPLETE, STOPPED, FAILED, LOST = "running", "complete", "stopped", "failed", "lost"
 STATUSES = (RUNNING, COMPLETE, STOPPED, FAILED, LOST)
+# Note of a launch that found the run already finished and trained nothing (not a resume).
+NOTHING_TO_TRAIN = "already complete"
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"

@@ -89,3 +89,15 @@ def test_json_sources_that_are_not_utf8_are_data_errors(tmp_path, name, body):
     (tmp_path / name).write_bytes(body)
     with pytest.raises(DataError, match="not UTF-8"):
         load_captions(tmp_path / name)
+
+
+def test_parquet_with_damaged_pages_is_a_data_error(tmp_path):
+    p = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"caption": [f"caption number {i}" for i in range(1000)]}), p)
+    data = bytearray(p.read_bytes())
+    for i in range(4, 200):  # the first data page; the footer stays readable
+        data[i] ^= 0xFF
+    p.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"c\.parquet: column 'caption' is not readable") as e:
+        load_captions(p)
+    assert "\n" not in str(e.value)

@@ -124,3 +124,12 @@ def test_a_root_holding_other_data_is_refused_not_deleted(tmp_path):
     (tmp_path / "empty").mkdir()
     assert ensure_smoke_data(tmp_path / "empty", rows=20).rows == 20  # empty dir is fine
     assert ensure_smoke_data(tmp_path / "empty", rows=30).rows == 30  # other args: rebuilt
+
+
+def test_a_mangled_smoke_manifest_is_an_error_not_a_crash(tmp_path):
+    ensure_smoke_data(tmp_path / "s", rows=20)
+    (tmp_path / "s" / "smoke.json").write_text("[]")  # valid JSON, not an object
+    with pytest.raises(DataError, match="smoke data manifest"):
+        ensure_smoke_data(tmp_path / "s", rows=20)
+    (tmp_path / "s" / "smoke.json").write_text('{"format": "aleph-smoke-data", "files": 3}')
+    assert ensure_smoke_data(tmp_path / "s", rows=20).rows == 20  # ours, damaged: rebuilt

@@ -49,3 +49,12 @@ def test_v1_unlimited(tmp_path):
 def test_no_cgroup(tmp_path):
     env = read_envelope(tmp_path)
     assert env.version is None and env.memory_limit_bytes is None
+
+
+def test_malformed_cgroup_value_names_the_file(tmp_path):
+    import pytest
+
+    from aleph.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"memory\.max: '12 GB' is not an integer"):
+        read_envelope(_v2(tmp_path, mem="12 GB"))

@@ -250,3 +250,31 @@ def test_a_log_of_a_launch_whose_id_extends_this_one_is_not_its_header(tmp_path)
     assert "does not start with this launch's lines" in header_problem(log, "L-451")
     log.write_text("\n".join(launch_log_lines("L-451")) + "\n")
     assert header_problem(log, "L-451") is None
+
+
+def test_unknown_revisions_are_not_called_the_same_base(tmp_path):
+    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False, revision="unknown", source="1" * 64)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False, revision="unknown", source="2" * 64)
+    d = diff_runs(a, b)
+    texts = [t for _, t in levels(d, "code")]
+    assert d.caveats == ["code differs: A executed unknown (source 111111111111), B executed unknown "
+                         "(source 222222222222)"]
+    assert not any("same base revision" in t for t in texts)
+    assert any("records no code revision" in t for t in texts)
+
+
+def test_a_launch_that_found_the_run_complete_is_not_a_resume(tmp_path):
+    from aleph.train.outputs import NOTHING_TO_TRAIN
+
+    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False, launches=[
+        {"launch_id": "L1", "start": "2026-08-07T02:00:00Z", "end": "2026-08-07T03:00:00Z",
+         "exit_status": 0, "status": "complete", "note": "128 steps"},
+        {"launch_id": "L2", "start": "2026-08-07T04:00:00Z", "end": "2026-08-07T04:00:05Z",
+         "exit_status": 0, "status": "complete", "note": NOTHING_TO_TRAIN}])
+    d = diff_runs(a, b)
+    assert d.verdict == "equivalent" and d.caveats == []
+    assert ("info", "B: 2 launch(es); 1 found the run already complete and trained nothing") in [
+        (f.level, f.text) for f in d.findings if f.section == "launches"]
+    edit(b, "manifest.json", lambda m: m["launches"][1].update(note="64 steps"))
+    assert diff_runs(a, b).caveats == ["B: 2 launch(es): resumed 1 time(s)"]

@@ -138,3 +138,30 @@ def test_content_hash_names_the_bytes_not_the_paths_or_holding(make_chunks, tmp_
     save_chunk(changed, b_paths[1])
     c = build_store(b_paths, tmp_path / "sc", "streaming")
     assert c.content_sha256 != a.content_sha256
+
+
+def test_resume_under_fail_refuses_nonfinite_rows_recorded_by_a_warn_build(tmp_path, monkeypatch):
+    from aleph.targets import build_streaming as bs
+
+    t = torch.zeros(6, 4, dtype=torch.float16)
+    t[2, 1] = float("nan")
+    paths = [save_chunk(t, tmp_path / "a.npy"),
+             save_chunk(torch.ones(6, 4, dtype=torch.float16), tmp_path / "b.npy")]
+
+    class Killed(BaseException):
+        pass
+
+    def die(name, index=0):  # stands in for a kill -9 after chunk 0 is recorded
+        if (name, index) == ("recorded", 0):
+            raise Killed
+
+    monkeypatch.setattr(bs, "fault_point", die)
+    with pytest.raises(Killed):
+        build_store(paths, tmp_path / "s", nonfinite="warn")
+    monkeypatch.undo()
+    assert (tmp_path / "s" / "build.json").exists()  # a resumable interrupted build
+    with pytest.raises(StoreError, match=r"a\.npy: 1 row\(s\) contain NaN/Inf.*refused"):
+        build_store(paths, tmp_path / "s", nonfinite="fail")
+    with pytest.raises(StoreError, match="no manifest"):
+        open_store(tmp_path / "s")
+    assert build_store(paths, tmp_path / "s").manifest["nonfinite"]["rows"] == 1  # warn resumes

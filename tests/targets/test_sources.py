@@ -115,7 +115,9 @@ def test_wrong_rank_dtype_and_suffix(tmp_path):
     torch.save(torch.zeros(0, 8, dtype=torch.float16), tmp_path / "e.pt")
     with pytest.raises(StoreError, match=r"e\.pt: chunk has no rows"):
         inspect_chunk(tmp_path / "e.pt")
-
+    torch.save(torch.ones(3, 8, dtype=torch.float16).to_sparse(), tmp_path / "sp.pt")
+    with pytest.raises(StoreError, match=r"sp\.pt: expected a dense tensor"):
+        inspect_chunk(tmp_path / "sp.pt")  # was a RuntimeError from .contiguous() mid-build
 
 
 @pytest.mark.parametrize("header,data,what", [

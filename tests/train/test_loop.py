@@ -52,6 +52,20 @@ def _tiny():
     return cfg, model, opt, make_scheduler(opt, cfg, 10)
 
 
+def test_matrices_decay_but_vectors_and_unit_anchors_do_not():
+    cfg = resolve("smoke", arm="a1_anchored")
+    model = build_model(ModelConfig(arm="a1_anchored", vocab_size=50, max_len=8, d_model=16,
+                                    n_layers=2, n_heads=2, ffn_dense=32, ffn_expert=8))
+    decay, other = make_optimizer(model, cfg).param_groups
+    assert decay["weight_decay"] == cfg.weight_decay > 0 and other["weight_decay"] == 0.0
+    ids = {id(p) for p in other["params"]}
+    names = {n for n, p in model.named_parameters() if id(p) in ids}
+    anchors = {n for n in names if n.endswith("address.anchors")}
+    assert len(anchors) == 2  # one codebook per block, kept out of decay
+    assert all(p.ndim >= 2 for p in decay["params"])
+    assert len(decay["params"]) + len(other["params"]) == len(list(model.parameters()))
+
+
 def test_nonfinite_loss_stops_before_the_update():
     cfg, model, opt, sched = _tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}

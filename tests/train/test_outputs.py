@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -78,6 +79,9 @@ def test_a_restart_from_step_0_replaces_the_steps_of_a_launch_killed_before_any_
     for step in (1, 2, 3):
         killed.write(step, {"train/loss": 10.0 + step})
     killed.close()
+    # Event files are read in name order, <unix second>.<host>.<pid>.<counter>: a real
+    # restart is another process seconds later; here, step into the next second.
+    time.sleep(1.05)
     again = Scalars(tmp_path, first_step=1)
     for step in (1, 2, 3, 4):
         again.write(step, {"train/loss": float(step)})

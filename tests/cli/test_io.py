@@ -1,0 +1,19 @@
+"""aleph._io: atomic writes give files the ordinary umask mode."""
+
+import os
+import stat
+
+from aleph._io import atomic_write_json, atomic_write_text, read_json
+
+
+def test_atomic_write_gets_the_umask_mode_not_mkstemps_0600(tmp_path):
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x\n")
+        atomic_write_json(tmp_path / "m.json", {"k": 1})
+    finally:
+        os.umask(old)
+    for name in ("a.txt", "m.json"):  # readable by the other services of the work volume
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644
+    assert read_json(tmp_path / "m.json") == {"k": 1}
+
