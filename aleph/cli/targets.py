@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from pathlib import Path
 
 from aleph._io import work_root
@@ -14,23 +13,16 @@ from aleph.errors import StoreError
 from aleph.targets import build_store, open_store, plan, store_dir_for, verify_store
 from aleph.targets.lock import DEFAULT_LOCK_TIMEOUT_S
 from aleph.targets.plan import DEFAULT_HEADROOM_BYTES
-from aleph.targets.sources import SUFFIXES
-
-
-def _natural_key(name: str) -> list:
-    # chunk_2 before chunk_10: extraction chunk numbers are rarely zero-padded
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+from aleph.targets.sources import chunk_files_in
 
 
 def expand_sources(items: list[str]) -> list[str]:
-    """Files as given; a directory contributes its chunk files in natural name order."""
+    """Files as given; a directory contributes its chunk files in name order (see
+    `chunk_files_in`: the order the trainer reads a `targets=` directory in)."""
     out: list[str] = []
     for item in items:
         if os.path.isdir(item):
-            names = sorted((n for n in os.listdir(item) if n.endswith(SUFFIXES)), key=_natural_key)
-            if not names:
-                raise StoreError(f"{item}: directory holds no chunk files ({', '.join(SUFFIXES)})")
-            out.extend(os.path.join(item, n) for n in names)
+            out.extend(chunk_files_in(item))
         else:
             out.append(item)
     if not out:

@@ -125,6 +125,9 @@ def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> Smok
         root.parent.mkdir(parents=True, exist_ok=True)
         lock = open(root.parent / f".{root.name}.lock", "a")
     except OSError as e:
+        if _manifest_ok(root, rows, seed):  # an intact set on a read-only volume: use it
+            captions, chunks, tok = _files(root)
+            return SmokeData(captions=captions, target_chunks=chunks, tokenizer_dir=tok, rows=rows)
         raise DataError(f"smoke data root {root}: cannot create it or its lock file beside it "
                         f"({e.strerror}); expected a writable directory") from None
     with lock:

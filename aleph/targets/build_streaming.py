@@ -46,6 +46,8 @@ def _verified_prefix(fd: int, path: str, chunks: list[dict], done: list[dict],
                      row_bytes: int) -> list[dict]:
     """Keep recorded chunks while their bytes in the partial file still hash right."""
     for k, rec in enumerate(done):
+        if k >= len(chunks) or not isinstance(rec, dict):  # a damaged record: redo from here
+            return done[:k]
         c = chunks[k]
         if rec.get("index") != k or hash_range(fd, path, c["row_start"] * row_bytes,
                                                c["rows"] * row_bytes) != rec.get("sha256"):

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import struct
 import warnings
 from collections.abc import Iterator, Sequence
@@ -62,6 +63,34 @@ def _stat(path: str) -> os.stat_result:
         raise StoreError(f"{path}: chunk file not found") from None
     except OSError as e:
         raise StoreError(f"{path}: cannot stat chunk file ({e.strerror})") from None
+
+
+def _natural_key(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def chunk_files_in(directory: str | os.PathLike) -> list[str]:
+    """The chunk files of a directory, in name order (the trainer's order: row order).
+
+    Unpadded numbers (chunk_2, chunk_10) would put the rows in a different order by name
+    than by number; rather than guess which one the captions follow, that is an error.
+    """
+    directory = os.fspath(directory)
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIXES))
+    except OSError as e:
+        raise StoreError(f"{directory}: cannot list the chunk directory ({e.strerror})") from None
+    if not names:
+        raise StoreError(f"{directory}: directory holds no chunk files ({', '.join(SUFFIXES)})")
+    by_number = sorted(names, key=_natural_key)
+    if by_number != names:
+        k = next(i for i, (a, b) in enumerate(zip(names, by_number, strict=True)) if a != b)
+        raise StoreError(
+            f"{directory}: chunk file names sort differently by name ({names[k]} first) and by "
+            f"number ({by_number[k]} first), so their row order is ambiguous; zero-pad the "
+            "numbers (chunk_002, not chunk_2: name order is row order, as the trainer reads "
+            "them) or pass the files one by one in row order")
+    return [os.path.join(directory, n) for n in names]
 
 
 def source_stats(paths: Sequence[str | os.PathLike]) -> list[dict]:

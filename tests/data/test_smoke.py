@@ -133,3 +133,17 @@ def test_a_mangled_smoke_manifest_is_an_error_not_a_crash(tmp_path):
         ensure_smoke_data(tmp_path / "s", rows=20)
     (tmp_path / "s" / "smoke.json").write_text('{"format": "aleph-smoke-data", "files": 3}')
     assert ensure_smoke_data(tmp_path / "s", rows=20).rows == 20  # ours, damaged: rebuilt
+
+
+def test_an_intact_set_on_a_read_only_volume_is_used_and_a_missing_one_named(tmp_path, monkeypatch):
+    from aleph.data import smoke as smoke_mod
+
+    made = ensure_smoke_data(tmp_path / "s", rows=20)
+
+    def read_only(path, *a, **kw):  # the lock file beside the root cannot be created
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(smoke_mod, "open", read_only, raising=False)
+    assert ensure_smoke_data(tmp_path / "s", rows=20) == made
+    with pytest.raises(DataError, match="cannot create it or its lock file"):
+        ensure_smoke_data(tmp_path / "s", rows=30)

@@ -165,3 +165,27 @@ def test_resume_under_fail_refuses_nonfinite_rows_recorded_by_a_warn_build(tmp_p
     with pytest.raises(StoreError, match="no manifest"):
         open_store(tmp_path / "s")
     assert build_store(paths, tmp_path / "s").manifest["nonfinite"]["rows"] == 1  # warn resumes
+
+
+def test_damaged_progress_record_is_redone_not_a_crash(make_chunks, tmp_path, monkeypatch):
+    from aleph.targets import build_streaming as bs
+
+    paths, ref = make_chunks(rows=(5, 6, 7))
+
+    class Killed(BaseException):
+        pass
+
+    def die(name, index=0):
+        if (name, index) == ("recorded", 1):
+            raise Killed
+
+    monkeypatch.setattr(bs, "fault_point", die)
+    with pytest.raises(Killed):
+        build_store(paths, tmp_path / "s")
+    monkeypatch.undo()
+    progress = tmp_path / "s" / "build.json"
+    record = json.loads(progress.read_text())
+    record["done"] = [record["done"][0], "junk", 7, 8, 9]  # longer than the chunk list, not dicts
+    progress.write_text(json.dumps(record))
+    build_store(paths, tmp_path / "s")
+    assert store_bytes(tmp_path / "s") == ref.numpy().tobytes()

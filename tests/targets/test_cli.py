@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from targets_helpers import save_chunk, store_bytes
 
 from aleph.cli import main
 from aleph.cli.targets import expand_sources
+from aleph.errors import StoreError
 
 
-def test_directory_sources_in_natural_order(tmp_path):
-    for i in (10, 2, 1):
+def test_directory_sources_in_name_order_and_unpadded_numbers_refused(tmp_path, capsys):
+    for i in ("10", "02", "01"):
         save_chunk(torch.full((2, 4), float(i), dtype=torch.float16), tmp_path / f"c_{i}.npy")
     (tmp_path / "notes.txt").write_text("ignored")
-    assert [p.rsplit("/", 1)[1] for p in expand_sources([str(tmp_path)])] == ["c_1.npy", "c_2.npy", "c_10.npy"]
+    assert [p.rsplit("/", 1)[1] for p in expand_sources([str(tmp_path)])] == ["c_01.npy", "c_02.npy", "c_10.npy"]
+    # c_1, c_10, c_2: name order (the trainer's for a targets= directory) differs from number
+    # order, so the rows' order is ambiguous: an error, never a store in another row order
+    (tmp_path / "c_02.npy").rename(tmp_path / "c_2.npy")
+    with pytest.raises(StoreError, match=r"c_10\.npy first\) and by number \(c_2\.npy first\)"):
+        expand_sources([str(tmp_path)])
+    assert main(["targets", "build", str(tmp_path), "--out", str(tmp_path / "s")]) == 2
+    assert "zero-pad the numbers" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
 
 
 def test_build_info_verify_roundtrip(make_chunks, tmp_path, work, capsys):
