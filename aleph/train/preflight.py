@@ -20,7 +20,6 @@ from aleph.train.config import TrainConfig
 from aleph.train.distributed import World
 
 GIB = 1 << 30
-TARGET_SUFFIXES = (".pt", ".npy", ".safetensors")
 
 
 def pick_device(cfg: TrainConfig, world: World) -> torch.device:
@@ -97,15 +96,18 @@ def resolve_sources(cfg: TrainConfig) -> Sources:
 
 
 def expand_targets(paths: tuple[str, ...]) -> list[str]:
-    """Files as given; a directory becomes its chunk files in name order (chunk order = row order)."""
+    """Files as given; a directory becomes its chunk files in row order, exactly as
+    `aleph targets build DIR` reads it (`aleph.targets.sources.chunk_files_in`), so both
+    build the same store and an ambiguous numbering is refused in both."""
+    from aleph.targets.sources import chunk_files_in
+
     out: list[str] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files = sorted(f for f in p.iterdir() if f.suffix in TARGET_SUFFIXES)
-            if not files:
-                raise ConfigError(f"config field 'targets': directory {p} holds no "
-                                  f"{'/'.join(TARGET_SUFFIXES)} chunk files")
-            out += [str(f) for f in files]
+            try:
+                out += chunk_files_in(p)
+            except StoreError as e:
+                raise ConfigError(f"config field 'targets': {e}") from None
         elif p.is_file():
             out.append(str(p))
         else:

@@ -30,6 +30,13 @@ def test_target_directory_expands_in_name_order(tmp_path):
     empty.mkdir()
     with pytest.raises(ConfigError, match="holds no"):
         expand_targets((str(empty),))
+    # unpadded numbers: name order != number order; the trainer refuses, as `targets build` does
+    unpadded = tmp_path / "unpadded"
+    unpadded.mkdir()
+    for name in ("chunk_2.pt", "chunk_10.pt"):
+        (unpadded / name).write_bytes(b"x")
+    with pytest.raises(ConfigError, match="'targets'.*zero-pad"):
+        expand_targets((str(unpadded),))
 
 
 def test_vram_estimate_scales_with_batch_split_and_checkpointing():
