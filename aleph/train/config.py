@@ -365,6 +365,24 @@ def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | 
     return TrainConfig(**values)
 
 
+# ModelConfig fields that come from the data, not from the training config.
+MODEL_FIELDS_FROM_DATA = ("vocab_size", "pad_id", "out_dim")
+
+
+def model_config(cfg: TrainConfig, vocab_size: int, pad_id: int, out_dim: int = 768):
+    """The ModelConfig of a run: every model field of the same name, plus the data's sizes.
+
+    TrainConfig repeats the model's shape fields flat (so `--set d_model=...` works and the
+    training defaults, e.g. dropout, can differ); copying them by name means a new model
+    field needs no third place, and a test checks no model field is left unmapped.
+    """
+    from aleph.model.config import ModelConfig
+
+    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)
+              if f.name not in MODEL_FIELDS_FROM_DATA}
+    return ModelConfig(**shared, vocab_size=vocab_size, pad_id=pad_id, out_dim=out_dim)
+
+
 def to_dict(cfg: TrainConfig, redact: bool = True) -> dict[str, Any]:
     """JSON-able dict of the config; secrets replaced by a marker unless redact=False."""
     d = dataclasses.asdict(cfg)

@@ -12,7 +12,7 @@ import torch
 from aleph.model import ModelConfig, build_model
 from aleph.train import checkpoint as ckpt
 from aleph.train import loop, outputs, preflight
-from aleph.train.config import TrainConfig, echo
+from aleph.train.config import TrainConfig, echo, model_config
 from aleph.train.distributed import World
 from aleph.train.identity import hostname
 
@@ -59,12 +59,7 @@ class Session:
         self.resume_from = self._find_resume()
 
     def _model_config(self, out_dim: int = 768) -> ModelConfig:
-        c, tok = self.cfg, self.tokenizer
-        return ModelConfig(arm=c.arm, vocab_size=len(tok), max_len=c.max_len, d_model=c.d_model,
-                           n_layers=c.n_layers, n_heads=c.n_heads, ffn_dense=c.ffn_dense,
-                           ffn_expert=c.ffn_expert, n_anchors=c.n_anchors,
-                           address_tau=c.address_tau, gate_init=c.gate_init, out_dim=out_dim,
-                           dropout=c.dropout, checkpointing=c.checkpointing, pad_id=tok.pad_token_id)
+        return model_config(self.cfg, len(self.tokenizer), self.tokenizer.pad_token_id, out_dim)
 
     def _estimate_vram(self) -> int:
         if self.device.type != "cuda":

@@ -124,3 +124,19 @@ def test_yaml_file_float_in_exponent_form(tmp_path):
     y.write_text("lr: 5e-4\nmin_lr_ratio: 1e-2\n")
     cfg = resolve("smoke", file=str(y), arm="a2_dense")
     assert (cfg.lr, cfg.min_lr_ratio) == (5e-4, 0.01)
+
+
+def test_every_model_field_comes_from_the_config_or_the_data():
+    import dataclasses
+
+    from aleph.model.config import ModelConfig
+    from aleph.train.config import MODEL_FIELDS_FROM_DATA, TrainConfig, model_config
+
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    unmapped = {f.name for f in dataclasses.fields(ModelConfig)} - train_fields - set(
+        MODEL_FIELDS_FROM_DATA)
+    assert unmapped == set()
+    cfg = resolve("smoke", overrides=["d_model=32", "n_heads=2", "dropout=0.25"], arm="a3_random")
+    m = model_config(cfg, vocab_size=123, pad_id=0)
+    assert (m.arm, m.d_model, m.n_heads, m.dropout, m.vocab_size, m.out_dim) == (
+        "a3_random", 32, 2, 0.25, 123, 768)
