@@ -32,7 +32,7 @@ class Address(nn.Module):
 
     `learned=False` (arm a3) stores the anchors as a buffer: no optimiser can move them
     (not even weight decay), yet they sit under the same state-dict key as a1's parameter.
-    The initial codebook is kept as a buffer so anchor drift can be reported.
+    The initial codebook is kept as a buffer ("home") so anchor drift can be reported.
     """
 
     def __init__(self, d_model: int, n_anchors: int, tau: float, learned: bool) -> None:
@@ -60,10 +60,15 @@ class Address(nn.Module):
         return signed_address(self.scores(x))  # (..., K) float32
 
     @torch.no_grad()
-    def drift(self) -> float:
-        """Mean distance of the unit anchors from their unit initial values (0 at init, <= 2)."""
+    def drift(self) -> torch.Tensor:
+        """Per anchor, 1 - cos(anchor, its initial value "home"): (K,), 0 at init, <= 2.
+
+        The cosine distance of the public E1-form bank's gauge (its drift_mean/drift_max
+        are the mean and max of this); an anchor's length never matters, only its direction.
+        """
         a = F.normalize(self.anchors.float(), dim=-1)  # (K, D)
-        return float((a - self.anchors_init.float()).norm(dim=-1).mean())
+        home = F.normalize(self.anchors_init.float(), dim=-1)  # (K, D)
+        return 1.0 - (a * home).sum(dim=-1)  # (K,)
 
     @torch.no_grad()
     def max_abs_cos(self) -> float:

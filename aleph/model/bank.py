@@ -3,6 +3,10 @@
 Both are bias-free, so the bank is parameter-matched to the dense FFN exactly in its
 matrices: trunk d*ff*2 + K experts d*ff*2 = (1 + K) * 2*d*ff = 2*d*2048 for ff=512, K=3.
 Only the address (K*D anchors) and K gates are extra: 1,539 numbers per block at E1.
+
+Initialisation follows ModelConfig.init (aleph.model.config.INIT_SCHEMES): "e1_orthogonal"
+is the public E1-form bank's (orthogonal trunk and expert input matrices), "normal_0.02"
+this project's former BERT-style init. Either way expert w_out starts at zero.
 """
 
 from __future__ import annotations
@@ -15,18 +19,33 @@ from torch import nn
 
 from aleph.model.address import Address
 
-_STD = 0.02  # BERT-style init scale for every projection
+_STD = 0.02  # scale of the "normal_0.02" scheme (BERT-style)
+
+
+@torch.no_grad()
+def init_matrix(weight: torch.Tensor, init: str) -> None:
+    """Initialise one 2-D weight in place by scheme: orthogonal or normal(0, 0.02).
+
+    Orthogonal means W W^T = I on the smaller side (orthonormal rows if W is wide,
+    orthonormal columns if it is tall), as `nn.init.orthogonal_` makes it.
+    """
+    if init == "e1_orthogonal":
+        nn.init.orthogonal_(weight)
+    elif init == "normal_0.02":
+        nn.init.normal_(weight, std=_STD)
+    else:  # ModelConfig rejects any other name; this is a programming error
+        raise ValueError(f"unknown init scheme {init!r}")
 
 
 class DenseFFN(nn.Module):
-    """a2: Linear d->ff, GELU, Linear ff->d, no bias."""
+    """a2 (and the bank's trunk): Linear d->ff, GELU, Linear ff->d, no bias."""
 
-    def __init__(self, d_model: int, ff: int) -> None:
+    def __init__(self, d_model: int, ff: int, init: str = "e1_orthogonal") -> None:
         super().__init__()
         self.w_in = nn.Linear(d_model, ff, bias=False)
         self.w_out = nn.Linear(ff, d_model, bias=False)
-        nn.init.normal_(self.w_in.weight, std=_STD)
-        nn.init.normal_(self.w_out.weight, std=_STD)
+        init_matrix(self.w_in.weight, init)
+        init_matrix(self.w_out.weight, init)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.w_out(F.gelu(self.w_in(x)))  # (B, L, D)
@@ -38,16 +57,23 @@ class AnchoredBank(nn.Module):
     Every expert runs on every token (no top-k, no argmax, no balance loss); the K
     experts are evaluated as one (D, K*ff) and one (K*ff, D) matmul, with the signed,
     gated coefficients applied to the hidden units in between. w_out starts at zero, so
-    at init the bank *is* its trunk, bit for bit.
+    at init the bank *is* its trunk, bit for bit. With init "e1_orthogonal" each expert's
+    w_in[k] (D, ff) is orthogonal on its own, as in the public E1-form bank.
     """
 
     def __init__(self, d_model: int, ff: int, n_anchors: int, tau: float,
-                 gate_init: float, learned_anchors: bool) -> None:
+                 gate_init: float, learned_anchors: bool, init: str = "e1_orthogonal") -> None:
         super().__init__()
         self.n_anchors, self.ff = n_anchors, ff
-        self.trunk = DenseFFN(d_model, ff)
+        self.trunk = DenseFFN(d_model, ff, init)
         self.address = Address(d_model, n_anchors, tau, learned=learned_anchors)
-        self.w_in = nn.Parameter(torch.randn(n_anchors, d_model, ff) * _STD)  # (K, D, ff)
+        if init == "normal_0.02":  # the former draw, kept as it was (same RNG use)
+            w_in = torch.randn(n_anchors, d_model, ff) * _STD
+        else:
+            w_in = torch.empty(n_anchors, d_model, ff)
+            for k in range(n_anchors):
+                init_matrix(w_in[k], init)
+        self.w_in = nn.Parameter(w_in)  # (K, D, ff)
         self.w_out = nn.Parameter(torch.zeros(n_anchors, ff, d_model))  # (K, ff, D)
         self.gates = nn.Parameter(torch.full((n_anchors,), float(gate_init)))  # (K,)
         self.dispatch = True
@@ -89,7 +115,9 @@ class AnchoredBank(nn.Module):
         gates = torch.sigmoid(self.gates.float())  # (K,)
         out = {f"gate{k}": float(g) for k, g in enumerate(gates)}
         out["gate_mean"] = float(gates.mean())
-        out["anchor_drift"] = self.address.drift()
+        drift = self.address.drift()  # (K,) 1 - cos(anchor, home)
+        out["anchor_drift"] = float(drift.mean())
+        out["anchor_drift_max"] = float(drift.max())
         out["anchor_max_cos"] = self.address.max_abs_cos()
         total = float(self._usage.sum())
         if total > 0:  # no forward yet (or all-zero weights): usage is undefined

@@ -17,6 +17,29 @@ BANK_ARMS = ("a1_anchored", "a3_random")
 # Named in the seed as an arm gated off for a1-a3; its code is not public.
 _UNAVAILABLE_ARMS = {"splat": "not available (it is not public; the seed lists it gated off)"}
 
+INIT_SCHEMES = ("e1_orthogonal", "normal_0.02")
+"""How the encoder's weights start (ModelConfig.init).
+
+- "e1_orthogonal" (the default): the anchored bank as the public "E1-form" bank of the
+  AlephLM line's successor code (AbstractEyes/alephllm, geolip/alephllm/model/bank.py at
+  5077e66): trunk w_in and w_out `nn.init.orthogonal_`, each expert's w_in[k] (a D x ff
+  slice) orthogonal on its own, expert w_out zero, gates `gate_init`. The E1 encoder's own
+  file and its dense control are not public; our choice for the rest: a2's two FFN matrices
+  are orthogonal as a1's trunk is, so a1 and a2 differ in the FFN's structure only, never
+  in how it starts; the attention qkv/out matrices and the output projection are
+  orthogonal as the successor's attention and head projections are; their biases start at
+  zero; the token and position embeddings stay normal(0, 0.02) (BERT's; the successor's
+  tables belong to a byte/BPE language model, and E1's are not public).
+- "normal_0.02": every matrix and embedding normal(0, 0.02), BERT-style, biases zero,
+  expert w_out zero, gates `gate_init`: the init of this project before the field existed,
+  drawn in the same order from the same RNG stream.
+Both schemes draw the anchors the same way: normalised Gaussian rows, with a frozen copy
+("home") that anchor drift is measured against.
+"""
+
+INIT_BEFORE_FIELD = "normal_0.02"
+"""The init of every model and run config written before the `init` field existed."""
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -44,6 +67,10 @@ class ModelConfig:
     """Temperature of the address score u = cos(x, anchor) / tau."""
     gate_init: float = -3.0
     """Initial value of each expert's gate logit g_k (sigmoid(-3) ~ 0.047)."""
+    init: str = "e1_orthogonal"
+    """Weight init scheme, one of INIT_SCHEMES: "e1_orthogonal" (orthogonal matrices, the
+    public E1-form bank's init, our choice for a2's FFN and the attention; see INIT_SCHEMES)
+    or "normal_0.02" (BERT-style normal(0, 0.02) everywhere, this project's former init)."""
     out_dim: int = 768
     """Width of the projected, L2-normalised sentence embedding (= target dim)."""
     dropout: float = 0.0
@@ -70,6 +97,9 @@ class ModelConfig:
             raise ConfigError(f"ModelConfig.address_tau: expected > 0, got {self.address_tau!r}")
         if not isinstance(self.gate_init, int | float) or isinstance(self.gate_init, bool):
             raise ConfigError(f"ModelConfig.gate_init: expected a number, got {self.gate_init!r}")
+        if self.init not in INIT_SCHEMES:
+            raise ConfigError(f"ModelConfig.init: got {self.init!r}, expected one of "
+                              f"{', '.join(INIT_SCHEMES)}")
         if not (isinstance(self.dropout, int | float) and 0.0 <= self.dropout < 1.0):
             raise ConfigError(f"ModelConfig.dropout: expected 0 <= dropout < 1, got {self.dropout!r}")
         if not isinstance(self.checkpointing, bool):
@@ -90,7 +120,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "model config") -> ModelConfig:
-        """Build from a dict; an unknown key is a ConfigError naming it and `source`."""
+        """Build from a dict; an unknown key is a ConfigError naming it and `source`.
+
+        A dict without `init` was written before that field existed: its weights started
+        as INIT_BEFORE_FIELD, and that is what the rebuilt config says.
+        """
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -100,4 +134,4 @@ class ModelConfig:
         missing = sorted(k for k in ("arm", "vocab_size") if k not in data)
         if missing:
             raise ConfigError(f"{source}: missing required field(s) {missing}")
-        return cls(**data)
+        return cls(**{"init": INIT_BEFORE_FIELD, **data})

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 import torch.utils.checkpoint  # explicit: torch 2.4.1 does not import it with `import torch`
 from torch import nn
 
-from aleph.model.bank import AnchoredBank, DenseFFN
+from aleph.model.bank import AnchoredBank, DenseFFN, init_matrix
 from aleph.model.config import ModelConfig
 
-_STD = 0.02
+_STD = 0.02  # embeddings, under either init scheme
 
 
 class Attention(nn.Module):
@@ -43,9 +43,10 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         if cfg.is_bank:
             self.ffn = AnchoredBank(cfg.d_model, cfg.ffn_expert, cfg.n_anchors, cfg.address_tau,
-                                    cfg.gate_init, learned_anchors=cfg.arm == "a1_anchored")
+                                    cfg.gate_init, learned_anchors=cfg.arm == "a1_anchored",
+                                    init=cfg.init)
         else:
-            self.ffn = DenseFFN(cfg.d_model, cfg.ffn_dense)
+            self.ffn = DenseFFN(cfg.d_model, cfg.ffn_dense, cfg.init)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -68,13 +69,15 @@ class AlephEncoder(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
+        """Embeddings normal(0, 0.02); attention and projection matrices by `config.init`
+        (the FFNs initialise themselves the same way); biases zero."""
         for m in (self.tok, self.pos):
             nn.init.normal_(m.weight, std=_STD)
         for blk in self.blocks:
             for lin in (blk.attn.qkv, blk.attn.out):
-                nn.init.normal_(lin.weight, std=_STD)
+                init_matrix(lin.weight, self.config.init)
                 nn.init.zeros_(lin.bias)
-        nn.init.normal_(self.proj.weight, std=_STD)
+        init_matrix(self.proj.weight, self.config.init)
         nn.init.zeros_(self.proj.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

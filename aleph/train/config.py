@@ -17,7 +17,7 @@ from typing import Any
 
 from aleph.env import laws
 from aleph.errors import ConfigError
-from aleph.model.config import ARMS
+from aleph.model.config import ARMS, INIT_BEFORE_FIELD, INIT_SCHEMES
 
 STORE_IMPLEMENTATIONS = ("auto", "streaming", "in_ram")
 DEVICES = ("auto", "cpu", "cuda")
@@ -78,6 +78,10 @@ class TrainConfig:
     """Temperature of the signed aleph address (E1: 0.1)."""
     gate_init: float = -3.0
     """Initial expert gate logit (sigmoid(-3) ~ 0.047)."""
+    init: str = "e1_orthogonal"
+    """Weight init scheme: 'e1_orthogonal' (the public E1-form bank's orthogonal init; a2's FFN
+    and the attention/projection orthogonal too, our choice) or 'normal_0.02' (the former
+    BERT-style init). aleph.model.config.INIT_SCHEMES says which matrix gets what and why."""
     dropout: float = 0.1
     """Dropout inside the encoder. E1's value is not public: 0.1 (BERT's) is our choice.
     Multi-process runs follow the one-process loss trajectory exactly only at 0 (each rank
@@ -168,6 +172,8 @@ def _check_values(c: TrainConfig) -> None:
         raise bad("store_implementation", f"one of {', '.join(STORE_IMPLEMENTATIONS)}")
     if c.device not in DEVICES:
         raise bad("device", f"one of {', '.join(DEVICES)}")
+    if c.init not in INIT_SCHEMES:
+        raise bad("init", f"one of {', '.join(INIT_SCHEMES)}")
     positive = ("max_len", "d_model", "n_layers", "n_heads", "batch_size", "epochs", "smoke_rows",
                 "n_anchors", "ffn_dense", "ffn_expert", "log_every_steps")
     for name in positive:
@@ -409,8 +415,19 @@ RESUMABLE_CHANGES = frozenset({
 })
 
 
+# Fields added after run directories had been recorded, with the value that a config.json
+# written without them ran with (read so by check_same_run and `aleph runs diff`).
+ADDED_FIELDS: dict[str, Any] = {"init": INIT_BEFORE_FIELD}
+
+
+def with_added_fields(saved: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config with every field it predates filled in with the value it ran with."""
+    return {**ADDED_FIELDS, **saved}
+
+
 def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
     """Refuse to resume a run directory with a config that computes something else."""
+    saved = with_added_fields(saved)
     now = to_dict(cfg)
     diff = sorted(k for k in set(saved) | set(now)
                   if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))

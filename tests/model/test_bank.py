@@ -1,8 +1,10 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
 from aleph.model import ARMS, ModelConfig, build_model, count_parameters
 from aleph.model.bank import AnchoredBank, DenseFFN
+from aleph.model.config import INIT_SCHEMES
 
 
 def test_parameter_counts_at_e1_shape(record_property):
@@ -50,10 +52,11 @@ def test_bank_equals_the_per_expert_formula():
     torch.testing.assert_close(bank(x), _reference_bank(bank, x), rtol=1e-5, atol=1e-6)
 
 
-def test_a1_at_init_equals_dispatch_off_bitwise(tiny):
+@pytest.mark.parametrize("init", INIT_SCHEMES)
+def test_a1_at_init_equals_dispatch_off_bitwise(init, tiny):
     for arm in ("a1_anchored", "a3_random"):
         torch.manual_seed(0)
-        model = build_model(tiny(arm)).eval()
+        model = build_model(tiny(arm, init=init)).eval()
         ids = torch.randint(5, 200, (3, 12))
         mask = torch.ones(3, 12, dtype=torch.bool)
         mask[1, 7:] = False

@@ -61,7 +61,7 @@ def test_health_gauges(tiny):
     for layer in ("layer00", "layer01"):
         assert 1.0 <= h[f"{layer}/usage_ppl"] <= 6.0  # perplexity over 2K = 6 half-axes
         assert 0.0 < h[f"{layer}/neg_frac"] < 1.0
-        assert h[f"{layer}/anchor_drift"] < 1e-6
+        assert abs(h[f"{layer}/anchor_drift"]) < 1e-6 and abs(h[f"{layer}/anchor_drift_max"]) < 1e-6
         assert 0.0 < h[f"{layer}/anchor_max_cos"] < 1.0
     with torch.no_grad():
         bank = model.banks()[1]
@@ -70,6 +70,8 @@ def test_health_gauges(tiny):
     h = model.health()
     assert h["layer01/anchor_max_cos"] == pytest.approx(1.0)
     assert h["layer01/anchor_drift"] > 0.1
+    assert h["layer01/anchor_drift_max"] >= h["layer01/anchor_drift"]
+    assert abs(h["layer00/anchor_drift_max"]) < 1e-6  # the other layer's anchors did not move
     model(ids, mask)
     # anchors 0 = 1 and 2 = -0, so w1 = w0 and w2 = -w0: the half-axes [0+ 1+ 2+ 0- 1- 2-]
     # pair up as 0+ = 1+ = 2- and 0- = 1- = 2+, and each token has one or two negatives.

@@ -35,6 +35,7 @@ def test_e1_without_sources_names_the_field():
     ("store_implementation=mmap", "store_implementation"), ("dropout=1.5", "dropout"),
     ("alloc_cap_fraction=1.5", "alloc_cap_fraction"), ("captions=x.txt", "captions"),
     ("compile=yes please", "compile"), ("lr=-1", "lr"), ("deterministic=1", "deterministic"),
+    ("init=xavier", "init"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=f"'?{field}'?"):
@@ -79,6 +80,29 @@ def test_resume_compatibility():
     check_same_run(saved, resolve("smoke", overrides=["log_every_steps=1", "hf_token=x"], arm="a2_dense"))
     with pytest.raises(ConfigError, match="batch_size: run has 64, launch asks 32"):
         check_same_run(saved, resolve("smoke", overrides=["batch_size=32"], arm="a2_dense"))
+    with pytest.raises(ConfigError, match="init: run has 'e1_orthogonal', launch asks 'normal_0.02'"):
+        check_same_run(saved, resolve("smoke", overrides=["init=normal_0.02"], arm="a2_dense"))
+
+
+def test_init_field_is_checked_and_reaches_the_model_config():
+    from aleph.model.config import INIT_SCHEMES
+    from aleph.train.config import model_config
+
+    with pytest.raises(ConfigError) as e:
+        resolve("smoke", overrides=["init=orthogonal"], arm="a1_anchored")
+    assert "'init'" in str(e.value) and all(s in str(e.value) for s in INIT_SCHEMES)
+    for init in INIT_SCHEMES:
+        cfg = resolve("smoke", overrides=[f"init={init}"], arm="a1_anchored")
+        assert to_dict(cfg)["init"] == init  # what config.json records
+        assert model_config(cfg, vocab_size=50, pad_id=0).init == init
+
+
+def test_a_run_recorded_before_the_init_field_resumes_only_as_normal_002():
+    saved = to_dict(resolve("smoke", arm="a1_anchored"))
+    del saved["init"]  # a config.json written before the field existed: it ran normal_0.02
+    check_same_run(saved, resolve("smoke", overrides=["init=normal_0.02"], arm="a1_anchored"))
+    with pytest.raises(ConfigError, match="init: run has 'normal_0.02', launch asks 'e1_orthogonal'"):
+        check_same_run(saved, resolve("smoke", arm="a1_anchored"))
 
 
 def test_every_field_is_documented():
