@@ -1,7 +1,8 @@
-# syntax=docker/dockerfile:1.7
 # AlephLM-0 E1 image: the seed's stack (CPython 3.11.10 [GCC 11.4.0], torch 2.4.1+cu124,
 # cuDNN 9.1.0, triton 3.0.0, pip_freeze.txt) with the aleph code baked in.
 # Build: ALEPH_REVISION=$(git rev-parse HEAD) docker compose build   (docs/docker.md)
+# No `# syntax=` line: the daemon's built-in BuildKit frontend builds this file (RUN
+# --mount=type=cache included), so a site without Docker Hub access can still build it.
 
 # Base pinned by digest. The digests come from public build logs, not from a pull made
 # here: re-check them (`docker buildx imagetools inspect nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04`)
@@ -79,8 +80,9 @@ ENV PATH=/opt/python/bin:${PATH} \
 WORKDIR /opt/aleph
 
 # Dependency layer first, so a code edit does not reinstall 4 GB of wheels.
-# The check fails the build by name when a cu124 hash is missing (that index could not
-# be reached when the lock was written): run `lockfiles/relock.py --fill-cu124` first.
+# The check fails the build by name if a cu124 hash is ever missing (a pin changed and
+# `lockfiles/relock.py --fill-cu124` was not rerun); pip --require-hashes then re-checks
+# the bytes of every wheel.
 # image-cu124.txt names the PyTorch cu124 index itself (its --index-url line, from the one
 # constant in relock.py), so only torch/torchvision/torchaudio come from there; everything
 # else, the nvidia wheels included, comes from the default index (pytorch/pytorch#193491).

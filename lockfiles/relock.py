@@ -2,7 +2,9 @@
 """Regenerate pip_freeze.txt and the hash locks from lockfiles/*.in; fill and check cu124 hashes.
 
   python lockfiles/relock.py                      resolve + write freeze and every lock
-  python lockfiles/relock.py --fill-cu124         download the three cu124 wheels, write their sha256
+  python lockfiles/relock.py --fill-cu124         download the three cu124 wheels, check/write sha256
+  python lockfiles/relock.py --write-cu124        rewrite image-cu124.txt offline from
+                                                  pip_freeze.txt and KNOWN_CU124 (no network)
   python lockfiles/relock.py --check-complete F   exit 1 unless every requirement in F has a hash
 
 Resolution: `uv pip compile` (uv on PATH or importable; it is in dev.txt) limited to releases
@@ -288,14 +290,8 @@ def write_cu124(pins: dict[str, str]) -> None:
     """Write image-cu124.txt, keeping each known hash and its provenance while the pin holds."""
     path = HERE / "image-cu124.txt"
     old = {norm(e.name): e for e in read_lock(path)} if path.exists() else {}
-    entries = []
-    for name, version in pins.items():
-        e = old.get(norm(name))
-        if e is not None and e.version == version:
-            entries.append(e)
-        else:
-            entries.append(Entry(name, version, None, MISSING_NOTE))
-    write_cu124_lock(entries)
+    write_cu124_lock([cu124_entry(name, version, old.get(norm(name)))
+                      for name, version in pins.items()])
 
 
 def write_cu124_lock(entries: list[Entry]) -> None:
@@ -309,6 +305,72 @@ def write_cu124_lock(entries: list[Entry]) -> None:
 
 MISSING_NOTE = ("sha256 MISSING: this wheel's index is unreachable from where the lock was made;"
                 "\nfill it with: python lockfiles/relock.py --fill-cu124")
+VERIFIED_PREFIX = "sha256 verified:"
+
+# Public sha256 of the cp311 linux_x86_64 +cu124 wheels, each seen in two or more unrelated
+# public records that agree. They were not re-downloaded where the lock was made (the PyTorch
+# index is unreachable there); --fill-cu124 re-checks them against the index and fails if any
+# differs, and pip --require-hashes re-checks the bytes at every install.
+# {normalised name: (version, sha256, (public records...))}
+KNOWN_CU124: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "torch": ("2.4.1+cu124",
+              "16e4ef3b32b45a278a0c512723f81cfa57035ebd5a75dbc2fb1360197ae06acd",
+              ("bghira/SimpleTuner poetry.lock at cb3768af",
+               "nvidia-cosmos/cosmos-dependencies docs/v1.2.0/simple/torch/index.html",
+               "a public Dockerfile pinning the wheel URL#sha256")),
+    "torchvision": ("0.19.1+cu124",
+                    "fc68074915f5b08c8928ee67bb12c9b8b5ef3db9b4d233cc109a7ccb13e43296",
+                    ("bghira/SimpleTuner poetry.lock at cb3768af",
+                     "nvidia-cosmos/cosmos-dependencies "
+                     "docs/v1.2.0/simple/torchvision/index.html")),
+    "torchaudio": ("2.4.1+cu124",
+                   "9045eeb86e8fc8767fb75224978051b114724d19af8f566c9dbd2c5c7d150f91",
+                   ("bghira/SimpleTuner poetry.lock at cb3768af",
+                    "a public Dockerfile pinning the wheel URL#sha256")),
+}
+WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
+
+
+def known_note(records: tuple[str, ...]) -> str:
+    """The provenance note of a KNOWN_CU124 hash, as written above its requirement."""
+    n = WORDS.get(len(records), str(len(records)))
+    return "\n".join([f"sha256 from {n} independent public records:",
+                      *[f"  {r}" for r in records],
+                      "not re-downloaded here; `--fill-cu124` re-checks against the index and "
+                      "fails if any differs;",
+                      "pip --require-hashes re-checks the bytes at install"])
+
+
+def cu124_entry(name: str, version: str, old: Entry | None) -> Entry:
+    """The lock entry of one cu124 wheel: a verified hash, else the known public one, else the
+    hash already recorded for this pin, else missing. A conflict between sources is an error."""
+    known = KNOWN_CU124.get(norm(name))
+    if known is not None and known[0] != version:
+        known = None  # the pin moved: the public hash belongs to another wheel
+    if old is not None and (old.version != version or old.sha256 is None):
+        old = None
+    if known is not None and old is not None and old.sha256 != known[1]:
+        raise LockError(f"lockfiles/image-cu124.txt: {name}=={version} records {old.sha256} but "
+                        f"relock.py KNOWN_CU124 has {known[1]}; re-check with --fill-cu124")
+    if old is not None and old.note.startswith(VERIFIED_PREFIX):
+        return old
+    if known is not None:
+        return Entry(name, version, known[1], known_note(known[2]))
+    return old if old is not None else Entry(name, version, None, MISSING_NOTE)
+
+
+def write_cu124_offline() -> None:
+    """Rewrite image-cu124.txt from pip_freeze.txt's torch trio, the recorded hashes and
+    KNOWN_CU124, without the network."""
+    freeze = {}
+    for line in (ROOT / "pip_freeze.txt").read_text(encoding="utf-8").splitlines():
+        m = REQ_RE.match(line)
+        if m and norm(m.group(1)) in TORCH_TRIO:
+            freeze[m.group(1)] = m.group(2)
+    lacking = sorted(set(TORCH_TRIO) - {norm(n) for n in freeze})
+    if lacking:
+        raise LockError(f"pip_freeze.txt: no pin for {', '.join(lacking)}")
+    write_cu124(freeze)
 
 
 def fill_cu124(index_url: str) -> None:
@@ -334,7 +396,7 @@ def fill_cu124(index_url: str) -> None:
                 raise LockError(f"{path}: {e.name}=={e.version}: the lock records {e.sha256} "
                                 f"but {f.name} from {index_url} hashes to {sha}; lock unchanged")
             e.sha256 = sha
-            e.note = f"sha256 verified: computed from {f.name} downloaded {today}"
+            e.note = f"{VERIFIED_PREFIX} computed from {f.name} downloaded {today}"
     write_cu124_lock(entries)
 
 
@@ -343,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--fill-cu124", action="store_true",
                       help="download the torch trio +cu124 and record verified sha256")
+    mode.add_argument("--write-cu124", action="store_true",
+                      help="rewrite lockfiles/image-cu124.txt offline from pip_freeze.txt, its "
+                      "recorded hashes and the public ones in KNOWN_CU124")
     mode.add_argument("--check-complete", type=Path, metavar="LOCK",
                       help="exit 1 unless every requirement of LOCK has a sha256")
     ap.add_argument("--index-url", default=PYTORCH_CU124_INDEX,
@@ -353,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             return check_complete(args.check_complete)
         if args.fill_cu124:
             fill_cu124(args.index_url)
+        elif args.write_cu124:
+            write_cu124_offline()
         else:
             regenerate()
     except (LockError, OSError) as e:

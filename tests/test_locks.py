@@ -7,6 +7,7 @@ generator's parser must not hide a malformed lock.
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import re
 import subprocess
 import sys
@@ -41,8 +42,12 @@ HOST_NVIDIA = {
     "nvidia-cusolver-cu12": "11.4.5.107", "nvidia-cusparse-cu12": "12.1.0.106",
     "nvidia-nccl-cu12": "2.20.5",
 }
-# The only requirements allowed to lack a hash (no public sha256; index unreachable here).
-KNOWN_MISSING = {("image-cu124.txt", "torchvision", "0.19.1+cu124")}
+# The cu124 hashes as their public records give them (lockfiles/README.md, "The cu124 hashes").
+CU124_SHA256 = {
+    "torch": "16e4ef3b32b45a278a0c512723f81cfa57035ebd5a75dbc2fb1360197ae06acd",
+    "torchvision": "fc68074915f5b08c8928ee67bb12c9b8b5ef3db9b4d233cc109a7ccb13e43296",
+    "torchaudio": "9045eeb86e8fc8767fb75224978051b114724d19af8f566c9dbd2c5c7d150f91",
+}
 NOT_IN_FREEZE = {"pip", "setuptools", "wheel", "distribute"}
 
 
@@ -129,9 +134,65 @@ def test_host_lock_differs_from_freeze_only_by_the_documented_pins():
 
 @pytest.mark.parametrize("name", ["image.txt", "image-cu124.txt", "host.txt", "dev.txt",
                                   "dev-sdist.txt"])
-def test_every_lock_line_has_a_hash_except_the_documented_ones(name):
-    missing = {(name, n, v) for n, (v, h) in read_lock(name).items() if not h}
-    assert missing == {m for m in KNOWN_MISSING if m[0] == name}
+def test_every_lock_line_has_a_hash(name):
+    missing = sorted(f"{n}=={v}" for n, (v, h) in read_lock(name).items() if not h)
+    assert not missing, f"{name}: no sha256 for {missing}"
+
+
+def test_cu124_lock_carries_the_public_hashes_with_their_provenance():
+    text = (LOCKS / "image-cu124.txt").read_text()
+    for name, sha in CU124_SHA256.items():
+        block = re.search(rf"((?:# .*\n)+){name}==\S+ \\\n    --hash=sha256:([0-9a-f]{{64}})\n",
+                          text)
+        assert block, f"image-cu124.txt: no hashed entry for {name}"
+        assert block.group(2) == sha, f"image-cu124.txt: {name} hash {block.group(2)} != {sha}"
+        note = block.group(1)
+        if "# sha256 verified: computed from " in note:  # after a --fill-cu124 run
+            continue
+        assert re.search(r"from (two|three) independent public records", note), note
+        assert "--fill-cu124" in note and "--require-hashes" in note, note
+    assert "UNVERIFIED" not in text and "MISSING" not in text
+
+
+def load_relock(tmp_path: Path, monkeypatch):
+    """relock.py as a module whose lockfiles/ and repo root are tmp_path (copies of the real
+    pip_freeze.txt and image-cu124.txt there)."""
+    spec = importlib.util.spec_from_file_location("relock_under_test", LOCKS / "relock.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name in ["pip_freeze.txt", "lockfiles/image-cu124.txt"]:
+        (tmp_path / name.split("/")[-1]).write_text((ROOT / name).read_text())
+    monkeypatch.setattr(mod, "HERE", tmp_path)
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    return mod
+
+
+def test_relock_writes_the_committed_cu124_lock_from_its_known_hashes(tmp_path, monkeypatch):
+    relock = load_relock(tmp_path, monkeypatch)
+    (tmp_path / "image-cu124.txt").unlink()  # nothing recorded: only KNOWN_CU124 remains
+    relock.write_cu124_offline()
+    assert (tmp_path / "image-cu124.txt").read_text() == \
+        (LOCKS / "image-cu124.txt").read_text()
+    assert {n: v[1] for n, v in relock.KNOWN_CU124.items()} == CU124_SHA256
+
+
+def test_relock_refuses_a_recorded_cu124_hash_that_contradicts_the_known_one(tmp_path,
+                                                                            monkeypatch):
+    relock = load_relock(tmp_path, monkeypatch)
+    lock = tmp_path / "image-cu124.txt"
+    lock.write_text(lock.read_text().replace(CU124_SHA256["torchaudio"], "0" * 64))
+    with pytest.raises(relock.LockError, match=r"torchaudio==2\.4\.1\+cu124 records 0{64}"):
+        relock.write_cu124_offline()
+
+
+def test_relock_keeps_a_verified_cu124_note_and_drops_a_known_hash_when_the_pin_moves(
+        tmp_path, monkeypatch):
+    relock = load_relock(tmp_path, monkeypatch)
+    verified = relock.Entry("torch", "2.4.1+cu124", CU124_SHA256["torch"],
+                            "sha256 verified: computed from torch-x.whl downloaded 2026-01-01")
+    assert relock.cu124_entry("torch", "2.4.1+cu124", verified) is verified
+    moved = relock.cu124_entry("torchvision", "0.19.2+cu124", None)
+    assert moved.sha256 is None and "MISSING" in moved.note
 
 
 def test_only_the_cu124_lock_is_routed_to_the_pytorch_index():
@@ -155,10 +216,22 @@ def run_check(lock: Path) -> subprocess.CompletedProcess:
                            str(lock)], capture_output=True, text=True, timeout=60)
 
 
-def test_check_complete_refuses_the_lock_with_a_missing_hash():
+def test_check_complete_passes_the_real_cu124_lock():
     r = run_check(LOCKS / "image-cu124.txt")
+    assert r.returncode == 0, r.stderr
+    assert "every requirement carries a sha256" in r.stdout
+
+
+def test_check_complete_names_a_hash_removed_from_a_copy_of_the_cu124_lock(tmp_path):
+    text = (LOCKS / "image-cu124.txt").read_text()
+    entry = f"torchvision==0.19.1+cu124 \\\n    --hash=sha256:{CU124_SHA256['torchvision']}\n"
+    assert entry in text
+    doctored = tmp_path / "image-cu124.txt"
+    doctored.write_text(text.replace(entry, "torchvision==0.19.1+cu124\n"))
+    r = run_check(doctored)
     assert r.returncode == 1
-    assert "torchvision==0.19.1+cu124 has no sha256" in r.stderr
+    assert f"{doctored}: torchvision==0.19.1+cu124 has no sha256" in r.stderr
+    assert "torch==" not in r.stderr and "torchaudio==" not in r.stderr
     assert "--fill-cu124" in r.stderr
 
 

@@ -5,14 +5,19 @@ Expected sets, all read from the source tree the code runs from:
   3.11.10 built with GCC 11.4.0, torch 2.4.1+cu124, CUDA 12.4, cuDNN 90100, triton 3.0.0;
 - host: `lockfiles/host.txt` + `dev.txt` + `dev-sdist.txt` on any CPython 3.11 (the
   dev/test venv made by ./aleph-dev: PyPI torch 2.4.1, CUDA 12.1 build).
+- cpu-image: `lockfiles/host.txt` alone on any CPython 3.11, recognised only inside the
+  CPU image (docker/Dockerfile.cpu sets ALEPH_IMAGE_VARIANT=cpu).
 Non-strict, a known variant passes and is named; strict compares against the image
-only, so the image build and `docker compose run tests` fail on any difference.
+only, so the image build and `docker compose run tests` fail on any difference. The CPU
+image is the one exception, declared by the image itself: strict there means exactly
+its own lock, and the verdict names it as the CPU variant, never as the seed's image.
 `compare()` takes every live fact as a parameter so tests doctor an environment
 without touching the real one.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +35,7 @@ from aleph.errors import ConfigError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST_PYTHON = "3.11"  # the host variant accepts any 3.11.x interpreter
 DEV_LOCKS = ("dev.txt", "dev-sdist.txt")  # what ./aleph-dev installs beside host.txt
+IMAGE_VARIANT_ENV = "ALEPH_IMAGE_VARIANT"  # "cpu" in docker/Dockerfile.cpu; unset elsewhere
 
 
 @dataclass(frozen=True)
@@ -44,11 +50,12 @@ class Drift:
 class Pins:
     image: dict[str, str]  # pip_freeze.txt
     host: dict[str, str] | None  # host.txt | dev.txt; None when the host lock is absent
+    cpu: dict[str, str] | None = None  # host.txt alone: the CPU image's set
 
 
 @dataclass
 class CheckResult:
-    variant: str  # "image" | "host" | "drifted"
+    variant: str  # "image" | "host" | "cpu-image" | "drifted"
     strict: bool
     drifts: list[Drift] = field(default_factory=list)
     image_drift_count: int = 0  # differences from the image, shown only under --strict
@@ -71,6 +78,7 @@ def load_pins(root: str | Path = REPO_ROOT) -> Pins:
     if not host_path.exists():
         return Pins(image, None)
     host = parse_pins(host_path)
+    cpu = dict(host)
     for name in DEV_LOCKS:
         dev_path = root / "lockfiles" / name
         if not dev_path.exists():
@@ -79,7 +87,7 @@ def load_pins(root: str | Path = REPO_ROOT) -> Pins:
             if host.get(pkg, version) != version:
                 raise ConfigError(f"{dev_path}: {pkg}=={version} contradicts {host.get(pkg)}")
             host[pkg] = version
-    return Pins(image, host)
+    return Pins(image, host, cpu)
 
 
 def _fact_drifts(facts: dict, expected: dict[str, str]) -> list[Drift]:
@@ -120,11 +128,21 @@ def _host_drifts(installed: dict[str, str], facts: dict, host: dict[str, str]) -
     return out + _package_drifts(installed, host)
 
 
-def compare(installed: dict[str, str], facts: dict, pins: Pins, strict: bool) -> CheckResult:
-    """Classify an environment given its installed set and runtime facts."""
+def compare(installed: dict[str, str], facts: dict, pins: Pins, strict: bool,
+            image_variant: str = "") -> CheckResult:
+    """Classify an environment given its installed set and runtime facts.
+
+    image_variant "cpu" (the CPU image declares it) adds the cpu-image variant, which
+    --strict then checks exactly instead of the seed's image."""
     vs_image = image_drifts(installed, facts, pins)
     if not vs_image:
         return CheckResult("image", strict)
+    if image_variant == "cpu" and pins.cpu is not None:
+        vs_cpu = _host_drifts(installed, facts, pins.cpu)
+        if not vs_cpu:
+            return CheckResult("cpu-image", strict, [], len(vs_image))
+        if strict:
+            return CheckResult("drifted", True, vs_cpu, len(vs_image), reference="cpu-image")
     if strict:
         return CheckResult("drifted", True, vs_image, len(vs_image))
     vs_host = _host_drifts(installed, facts, pins.host) if pins.host is not None else None
@@ -137,8 +155,9 @@ def compare(installed: dict[str, str], facts: dict, pins: Pins, strict: bool) ->
 
 
 def check_environment(strict: bool = False, root: str | Path = REPO_ROOT) -> CheckResult:
-    """compare() on the live interpreter."""
-    return compare(installed_packages(), live.runtime_facts(), load_pins(root), strict)
+    """compare() on the live interpreter (and the image variant the environment declares)."""
+    return compare(installed_packages(), live.runtime_facts(), load_pins(root), strict,
+                   os.environ.get(IMAGE_VARIANT_ENV, ""))
 
 
 def environment_summary(root: str | Path = REPO_ROOT, runner: live.Runner = live.run_tool) -> dict:
@@ -149,7 +168,8 @@ def environment_summary(root: str | Path = REPO_ROOT, runner: live.Runner = live
     summary.update(live.gpu_facts(runner))
     try:
         pins = load_pins(root)
-        summary["variant"] = compare(installed, facts, pins, strict=False).variant
+        summary["variant"] = compare(installed, facts, pins, strict=False,
+                                     image_variant=os.environ.get(IMAGE_VARIANT_ENV, "")).variant
         frozen = comparable(installed, pins.image)
     except ConfigError as e:  # pins missing or malformed: still describe the environment
         summary["variant"] = "drifted"
@@ -182,7 +202,15 @@ def verdict(result: CheckResult) -> str:
             "verdict: host variant (lockfiles/host.txt + dev locks); "
             f"{result.image_drift_count} differences from the image not shown (use --strict)"
         )
-    if result.strict:
+    if result.variant == "cpu-image":
+        return (
+            "verdict: CPU image variant (lockfiles/host.txt on CPython 3.11, no CUDA): matches "
+            f"its lock exactly; not the seed's image ({result.image_drift_count} differences "
+            "from pip_freeze.txt and the seed table)"
+        )
+    if result.strict and result.reference == "cpu-image":
+        mode = "strict, against the CPU image's lockfiles/host.txt"
+    elif result.strict:
         mode = "strict, against the image"
     else:
         mode = f"no known variant matches; listed against the {result.reference}"

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from aleph.eval import rundir
 from aleph.report import launches, store_diff
-from aleph.report.gitdiff import CodeDiff, diff_revisions
-from aleph.train.config import RESUMABLE_CHANGES
+from aleph.report.gitdiff import CodeDiff, HunksUnavailable, diff_revisions
+from aleph.train.config import ADDED_FIELDS, RESUMABLE_CHANGES, with_added_fields
 
 LEVELS = ("same", "info", "caveat", "blocker")
 
@@ -150,10 +150,10 @@ def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None) -> None:
         d.add(s, "info", f"same base revision {clean[0][:12]}: the difference is in uncommitted "
               "changes, which no checkout holds (compare the source hashes)")
         return
-    cd = diff_revisions(repo, *clean) if repo is not None else None
-    if cd is None:
-        d.add(s, "info", "hunks not shown: both revisions are not available in a git checkout"
-              + (f" at {repo}" if repo else ""))
+    try:
+        cd = diff_revisions(repo, *clean)
+    except HunksUnavailable as e:  # one line: no git here, no checkout, revision not in it
+        d.add(s, "info", str(e))
         return
     d.code_diff = cd
     d.add(s, "info", f"{clean[0][:12]} -> {clean[1][:12]}: {len(cd.files)} file(s) of the "
@@ -187,12 +187,20 @@ def _flatten(obj, prefix="") -> dict:
 
 
 def compare_config(d: RunDiff, ca: dict, cb: dict) -> None:
+    """Every differing field is a blocker unless it is classed above. A field that a config
+    predates (ADDED_FIELDS, e.g. `init`) counts as the value that run ran with, and says so:
+    a run initialised normal_0.02 before the field existed is not equivalent to an
+    e1_orthogonal one, and is equivalent to a later normal_0.02 one."""
     s = "config"
-    fa, fb = _flatten(ca), _flatten(cb)
+    fa, fb = _flatten(with_added_fields(ca)), _flatten(with_added_fields(cb))
     differing = sorted(k for k in set(fa) | set(fb) if fa.get(k, ...) != fb.get(k, ...))
     for key in differing:
         va, vb = fa.get(key, "absent"), fb.get(key, "absent")
         text = f"{key}: {va!r} vs {vb!r}"
+        implied = [who for who, c in (("A", ca), ("B", cb)) if key in ADDED_FIELDS and key not in c]
+        if implied:
+            text += (f" ({' and '.join(implied)} recorded no {key}: its config predates the "
+                     f"field, so it ran {ADDED_FIELDS[key]!r})")
         if key in INTENDED:
             d.add(s, "info", f"{text} (experiment variable)")
         elif key in LABELS:

@@ -1,4 +1,9 @@
-"""Changed files and hunks between two code revisions, when both are in a git checkout."""
+"""Changed files and hunks between two code revisions, when both are in a git checkout.
+
+When they cannot be listed, `diff_revisions` raises HunksUnavailable with one line that says
+why: no git in this environment (the image has none), no checkout, or a revision that the
+checkout does not hold. `aleph runs diff` prints that line where the hunks would be.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +33,13 @@ class CodeDiff:
         return sum((f.added or 0) + (f.removed or 0) for f in self.files)
 
 
+NO_GIT = "no git in this environment: code hunks not listed"
+
+
+class HunksUnavailable(Exception):
+    """The hunks between two revisions cannot be listed; the message says why, in one line."""
+
+
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
                           timeout=60, check=False)
@@ -37,19 +49,36 @@ def has_commit(repo: Path, rev: str) -> bool:
     return _git(repo, "cat-file", "-e", f"{rev}^{{commit}}").returncode == 0
 
 
-def diff_revisions(repo: str | Path, rev_a: str, rev_b: str,
-                   paths: tuple[str, ...] = ("aleph",)) -> CodeDiff | None:
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else "no message"
+
+
+def diff_revisions(repo: str | Path | None, rev_a: str, rev_b: str,
+                   paths: tuple[str, ...] = ("aleph",)) -> CodeDiff:
     """The diff rev_a -> rev_b under `paths` (default: the package a run executes, which
-    its source hash covers), or None when git, the checkout or either revision is missing."""
+    its source hash covers). Raises HunksUnavailable when git, the checkout or either
+    revision is missing, or git fails."""
+    if shutil.which("git") is None:
+        raise HunksUnavailable(NO_GIT)
+    if repo is None:
+        raise HunksUnavailable("no git checkout given (--repo): code hunks not listed")
     repo = Path(repo)
-    if shutil.which("git") is None or not rev_a or not rev_b:
-        return None
-    if not (has_commit(repo, rev_a) and has_commit(repo, rev_b)):
-        return None
+    top = _git(repo, "rev-parse", "--show-toplevel")
+    if top.returncode != 0:
+        raise HunksUnavailable(f"{repo} is not a git checkout: code hunks not listed")
+    absent = [rev for rev in (rev_a, rev_b) if not has_commit(repo, rev)]
+    if absent:
+        raise HunksUnavailable(
+            f"revision{'s' if len(absent) > 1 else ''} {' and '.join(r[:12] for r in absent)} "
+            f"not in the git checkout at {top.stdout.strip()}: code hunks not listed")
     numstat = _git(repo, "diff", "--numstat", rev_a, rev_b, "--", *paths)
     patch = _git(repo, "diff", "--unified=3", rev_a, rev_b, "--", *paths)
-    if numstat.returncode or patch.returncode:
-        return None
+    for run in (numstat, patch):
+        if run.returncode:
+            raise HunksUnavailable(f"git diff {rev_a[:12]} {rev_b[:12]} failed in {repo} "
+                                   f"(exit {run.returncode}: {_first_line(run.stderr)}): "
+                                   "code hunks not listed")
     files = {}
     for line in numstat.stdout.splitlines():
         added, removed, path = line.split("\t", 2)

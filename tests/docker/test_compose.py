@@ -48,7 +48,9 @@ def test_services(cfg):
 def test_training_envelope_is_exact(cfg, name):
     s = cfg["services"][name]
     assert s["mem_limit"] == SEED_MEM and s["memswap_limit"] == SEED_MEM
-    assert s["cpus"] == 17.85  # normalised as a JSON number (17.85e9 NanoCPUs at run time)
+    # The seed's cfs figures exactly; `cpus` would be refused on hosts with < 18 CPUs and
+    # sent as float32 (quota 1,784,999).
+    assert (s["cpu_quota"], s["cpu_period"]) == (1_785_000, 100_000) and "cpus" not in s
     assert s["ulimits"] == {"memlock": -1, "stack": 67108864}
     assert s["shm_size"] == str(16 << 30) and "ipc" not in s
     assert s["restart"] == "on-failure:10"
@@ -128,6 +130,8 @@ def test_tensorboard_serves_the_runs_read_only(cfg):
     assert s["volumes"][0]["source"] == "work" and s["volumes"][0]["read_only"] is True
     assert s["command"][:2] == ["aleph", "tensorboard"] and "/workspace/runs" in s["command"]
     assert s["logging"]["options"]["max-size"] == "20m"
+    # One CPU as a cfs quota: no host refuses it (`cpus: 1.0` is range-checked by dockerd).
+    assert (s["cpu_quota"], s["cpu_period"]) == (100_000, 100_000) and "cpus" not in s
 
 
 def test_one_shared_work_volume(cfg):
@@ -138,7 +142,7 @@ def test_affinity_override_pins_every_training_service(compose_bin):
     svc = _config(compose_bin, "compose.yaml", "compose.affinity.yaml")["services"]
     for name in TRAINING:
         assert svc[name]["cpuset"] == "0-23,48-71"
-        assert svc[name]["cpus"] == 17.85  # the override adds pinning, changes nothing else
+        assert (svc[name]["cpu_quota"], svc[name]["cpu_period"]) == (1_785_000, 100_000)
     assert "cpuset" not in svc["tensorboard"]
     other = _config(
         compose_bin, "compose.yaml", "compose.affinity.yaml", env={"ALEPH_CPUSET": "0-17"}
@@ -149,7 +153,52 @@ def test_affinity_override_pins_every_training_service(compose_bin):
 def test_compose_rejects_a_broken_file(compose_bin, tmp_path):
     # Proves the validator really validates (the console-script wrapper would exit 0).
     bad = tmp_path / "compose.yaml"
-    bad.write_text((REPO / "compose.yaml").read_text().replace("cpus: 17.85", "cpus: lots"))
+    text = (REPO / "compose.yaml").read_text()
+    assert "cpu_quota: 1785000" in text
+    bad.write_text(text.replace("cpu_quota: 1785000", "cpu_quota: lots"))
     p = _config(compose_bin, str(bad), check=False)
     assert p.returncode != 0
-    assert "cpus" in p.stderr
+    assert "cpu_quota" in p.stderr
+
+
+def test_no_service_of_any_compose_file_uses_cpus(compose_bin):
+    # dockerd refuses NanoCPUs above the host's CPU count; every file, every profile.
+    for files in (("compose.yaml",), ("compose.yaml", "compose.cpu.yaml"),
+                  ("compose.yaml", "compose.affinity.yaml")):
+        for name, s in _config(compose_bin, *files)["services"].items():
+            assert "cpus" not in s and s["cpu_period"] == 100_000, (files, name)
+
+
+def test_cpu_override_keeps_the_envelope_and_drops_the_gpus(compose_bin):
+    base = _config(compose_bin)["services"]
+    cpu = _config(compose_bin, "compose.yaml", "compose.cpu.yaml")["services"]
+    assert set(cpu) == set(base)
+    keep = ("mem_limit", "memswap_limit", "cpu_quota", "cpu_period", "shm_size", "ulimits",
+            "restart", "stop_signal", "stop_grace_period", "volumes", "logging", "environment")
+    for name, s in cpu.items():
+        assert s["image"] == "aleph-e1:cpu" and "deploy" not in s, name
+        assert {k: s.get(k) for k in keep} == {k: base[name].get(k) for k in keep}, name
+        if name != "tensorboard":
+            assert s["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+            assert s["build"]["secrets"] == [{"source": "pip-ca"}]
+    for name, arm in TRAINING.items():
+        c = _resolve_train_command(cpu[name]["command"][cpu[name]["command"].index("train"):])
+        assert (c.arm, c.seed, c.preset, c.smoke_data, c.epochs) == (arm, 1, "smoke", True, 2)
+    assert "--nproc_per_node=2" in cpu["train-a2-ddp"]["command"]
+    env = {"ALEPH_SEED": "3", "ALEPH_SMOKE_EPOCHS": "5", "ALEPH_CPU_BASE_IMAGE": "debian-py311:x",
+           "ALEPH_WHEELS_IMAGE": "wheels:x", "ALEPH_CPU_IMAGE": "aleph-e1:cpu-x"}
+    s = _config(compose_bin, "compose.yaml", "compose.cpu.yaml", env=env)["services"]["train-a2"]
+    c = _resolve_train_command(s["command"][1:])
+    assert (c.seed, c.epochs) == (3, 5) and s["image"] == "aleph-e1:cpu-x"
+    assert s["build"]["args"] == {"ALEPH_REVISION": "", "ALEPH_CPU_BASE_IMAGE": "debian-py311:x",
+                                  "ALEPH_WHEELS_IMAGE": "wheels:x"}
+
+
+def test_ci_override_only_relaxes_memlock_and_cuts_the_network(compose_bin):
+    files = ("compose.yaml", "compose.cpu.yaml", "tests/container/compose.ci.yaml")
+    assert _config(compose_bin, *files, check=False).returncode != 0  # ALEPH_CI_MEMLOCK required
+    svc = _config(compose_bin, *files, env={"ALEPH_CI_MEMLOCK": "8388608"})["services"]
+    for name in ("train-a2", "tests"):
+        assert svc[name]["ulimits"] == {"memlock": 8388608, "stack": 67108864}
+        assert svc[name]["network_mode"] == "none" and svc[name]["build"]["network"] == "none"
+        assert (svc[name]["cpu_quota"], svc[name]["mem_limit"]) == (1_785_000, SEED_MEM)

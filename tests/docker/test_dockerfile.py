@@ -23,9 +23,35 @@ def _hadolint(exe: str, path: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_hadolint_clean(hadolint_bin, dockerfile):
-    p = _hadolint(hadolint_bin, REPO / "Dockerfile")
+@pytest.mark.parametrize("name", ["Dockerfile", "docker/Dockerfile.cpu"])
+def test_hadolint_clean(hadolint_bin, repo_file, name):
+    p = _hadolint(hadolint_bin, repo_file(name))
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "docker/Dockerfile.cpu"])
+def test_no_frontend_is_fetched_from_a_registry(repo_file, name):
+    # A `# syntax=` line makes every build look its frontend up on Docker Hub; without it
+    # the daemon's built-in BuildKit builds (RUN --mount included), air-gapped sites too.
+    text = repo_file(name).read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I)
+
+
+def test_cpu_image_matches_the_gpu_image_layout(repo_file, dockerfile):
+    cpu = repo_file("docker/Dockerfile.cpu").read_text()
+    for same in ('ENTRYPOINT ["/usr/bin/tini", "--", "/opt/aleph/docker/entrypoint.sh"]',
+                 "USER ${ALEPH_UID}:${ALEPH_UID}", "ARG ALEPH_UID=1000", "WORKDIR /opt/aleph",
+                 "PYTHONPATH=/opt/aleph", "ALEPH_WORK=/workspace", "ALEPH_IN_IMAGE=1",
+                 "install -m 0755 docker/aleph /usr/local/bin/aleph", "aleph env check --strict"):
+        assert same in cpu and same in dockerfile, same
+    assert "ALEPH_IMAGE_VARIANT=cpu" in cpu and "ALEPH_IMAGE_VARIANT" not in dockerfile
+    # host.txt, hash-checked, before the code is copied (code edits do not reinstall).
+    assert cpu.index("--require-hashes --no-deps --only-binary :all: -r lockfiles/host.txt") \
+        < cpu.index("COPY aleph/ aleph/")
+    # The CA bundle for a proxied build is a secret mount, never a COPY or an ENV.
+    assert "--mount=type=secret,id=pip-ca" in cpu and "COPY" not in cpu.split("pip-ca")[0][-200:]
+    (base,) = re.findall(r"^ARG ALEPH_CPU_BASE_IMAGE=(\S+)$", cpu, re.M)
+    assert base.startswith("python:3.11.10-slim-bookworm@sha256:") and len(base.split(":")[-1]) == 64
 
 
 def test_hadolint_really_lints(hadolint_bin, tmp_path):

@@ -85,6 +85,25 @@ def test_the_host_venv_is_named_and_not_listed(pins):
     assert "host variant" in format_report(r)
 
 
+def test_the_cpu_image_is_its_own_variant_only_where_it_declares_itself(pins):
+    cpu_live = {**HOST, "pip": "24.0"}  # host.txt alone: the CPU image's set, no dev tools
+    facts = {**HOST_FACTS, "python": "3.11.2"}
+    for strict in (False, True):
+        r = compare(cpu_live, facts, pins, strict, image_variant="cpu")
+        assert (r.variant, r.drifts) == ("cpu-image", []), format_report(r)
+        assert "CPU image variant" in format_report(r) and "not the seed's image" in format_report(r)
+    # Without the declaration the same set is not the image, and strict says so.
+    assert compare(cpu_live, facts, pins, strict=True).variant == "drifted"
+    # A drift inside the CPU image is listed against its own lock under strict.
+    bad = compare({**cpu_live, "numpy": "2.0.0"}, facts, pins, strict=True, image_variant="cpu")
+    assert bad.variant == "drifted" and bad.drifts == [Drift("package", "numpy", "1.26.3", "2.0.0")]
+    assert "against the CPU image's lockfiles/host.txt" in format_report(bad)
+    # Dev tools are not part of the CPU image, and another Python line is not 3.11.
+    assert compare({**cpu_live, **DEV}, facts, pins, True, "cpu").variant == "drifted"
+    py312 = compare(cpu_live, {**facts, "python": "3.12.1"}, pins, True, "cpu")
+    assert Drift("fact", "python", "3.11.*", "3.12.1") in py312.drifts
+
+
 def test_the_host_venv_drifts_under_strict(pins):
     r = compare({**HOST, **DEV, **DEV_SDIST}, HOST_FACTS, pins, strict=True)
     assert r.variant == "drifted" and not r.ok
@@ -167,7 +186,7 @@ def test_summary_reads_gpus_through_the_runner():
             "uuid": "GPU-b5d01167-717d-2198-1b7f-7ff14788d65a",
         }
     ]
-    assert s["variant"] in ("image", "host", "drifted")
+    assert s["variant"] in ("image", "host", "cpu-image", "drifted")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -186,7 +205,7 @@ def test_cli_check_exits_zero_without_strict():
     p = _cli("--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    assert out["variant"] in ("image", "host", "drifted")
+    assert out["variant"] in ("image", "host", "cpu-image", "drifted")
     assert out["ok"] == (out["variant"] != "drifted")
 
 
@@ -228,6 +247,9 @@ def test_strict_environment_matches_the_image():
         pytest.skip("strict checks run only with ALEPH_STRICT_ENV=1 (docker compose run tests)")
     r = check_environment(strict=True)
     assert r.ok, format_report(r)
+    # The CPU image declares itself (docker/Dockerfile.cpu) and must be named as such.
+    want = "cpu-image" if os.environ.get("ALEPH_IMAGE_VARIANT") == "cpu" else "image"
+    assert r.variant == want, format_report(r)
 
 
 def test_the_real_locks_classify_their_own_sets():

@@ -1,8 +1,12 @@
 """`aleph runs diff`: each section, the three verdicts, and git hunks from a real checkout."""
 
 import json
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from fixtures.runs import environment, make_run
 
 from aleph._io import atomic_write_json, read_json
@@ -85,6 +89,21 @@ def test_environment_and_config_blockers_and_caveats(tmp_path, capsys):
     assert json.loads(out.read_text())["verdict"] == "not equivalent"
 
 
+def test_a_different_init_is_a_blocker_and_a_config_without_it_ran_normal_002(tmp_path):
+    a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False,
+                 config={"init": "e1_orthogonal"})
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False,
+                 config={"init": "normal_0.02"})
+    assert diff_runs(a, b).blockers == ["init: 'e1_orthogonal' vs 'normal_0.02'"]
+    old = make_run(tmp_path / "z", "a3_random", steps=0, train_scalars=False)  # no init recorded
+    assert "init" not in read_json(old / "config.json")
+    assert diff_runs(a, old).blockers == [
+        "init: 'e1_orthogonal' vs 'normal_0.02' (B recorded no init: its config predates the "
+        "field, so it ran 'normal_0.02')"]
+    d = diff_runs(old, b)
+    assert d.verdict == "equivalent", format_diff(d)
+
+
 def test_launch_history_gaps_missing_headers_and_failures(tmp_path):
     launches = [
         {"launch_id": "L1", "start": "2026-08-07T02:53:28Z", "end": "2026-08-07T03:00:00Z",
@@ -114,6 +133,13 @@ def test_launch_history_gaps_missing_headers_and_failures(tmp_path):
     assert diff_runs(a, b).blockers == ["B: launch 2 (L2) ended failed with exit status 1: the run did not finish"]
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NO_GIT = "no git in this environment: code hunks not listed"
+needs_git = pytest.mark.skipif(shutil.which("git") is None,
+                               reason="git not installed (the image has none): the no-git "
+                               "report is tested by test_runs_diff_without_git_*")
+
+
 def _git(repo, *args):
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -125,6 +151,7 @@ def _commit(repo, message):
     return _git(repo, "rev-parse", "HEAD")
 
 
+@needs_git
 def test_code_difference_lists_files_and_hunks_from_a_checkout(tmp_path):
     repo = tmp_path / "repo"
     (repo / "aleph").mkdir(parents=True)
@@ -148,7 +175,14 @@ def test_code_difference_lists_files_and_hunks_from_a_checkout(tmp_path):
     assert "+C = 4" in format_diff(d, patch=True)
     # without the checkout the difference is still a caveat, and the report says why no hunks
     d = diff_runs(a, b, repo=tmp_path)
-    assert d.code_diff is None and any("hunks not shown" in f.text for f in d.findings)
+    assert d.code_diff is None and d.caveats[0].startswith("code differs")
+    assert ("info", f"{tmp_path} is not a git checkout: code hunks not listed") \
+        in levels(d, "code")
+    # git and a checkout, but a revision the checkout does not hold: named, in one line
+    edit(a, "manifest.json", lambda m: m.update(code_revision="f" * 40))
+    assert levels(diff_runs(a, b, repo=repo), "code")[-1] == (
+        "info", f"revision ffffffffffff not in the git checkout at {repo}: code hunks not listed")
+    edit(a, "manifest.json", lambda m: m.update(code_revision=rev1))
     # two dirty trees on one base revision: no hunks to show, and the report says why
     edit(a, "manifest.json", lambda m: m.update(code_revision=rev2 + "-dirty"))
     d = diff_runs(a, b, repo=repo)
@@ -157,6 +191,53 @@ def test_code_difference_lists_files_and_hunks_from_a_checkout(tmp_path):
     edit(b, "manifest.json", lambda m: m.update(source_sha256="1" * 64))
     edit(a, "manifest.json", lambda m: m.update(code_revision=rev1))
     assert diff_runs(a, b, repo=repo).caveats == []
+
+
+def _python_only_path(tmp_path: Path) -> str:
+    """A PATH directory holding only this interpreter: no git (nor anything else) on it."""
+    bin_dir = tmp_path / "python-only-bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    return str(bin_dir)
+
+
+def _runs_diff_cli(args: list[str], path: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": path, "PYTHONPATH": str(REPO_ROOT), "HOME": str(cwd), "LANG": "C.UTF-8"}
+    return subprocess.run([sys.executable, "-m", "aleph", "runs", "diff", *args], env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_runs_diff_without_git_says_so_where_the_hunks_would_be(tmp_path):
+    """The real `aleph runs diff`, run with a PATH that holds no git (as in the image)."""
+    a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False,
+                 revision="1" * 40, source="1" * 64)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False,
+                 revision="2" * 40, source="2" * 64)
+    path = _python_only_path(tmp_path)
+    assert shutil.which("git", path=path) is None
+    # --repo names this repository's own checkout: only the missing git can stop the hunks
+    p = _runs_diff_cli([str(a), str(b), "--repo", str(REPO_ROOT), "--json",
+                        str(tmp_path / "d.json")], path, tmp_path)
+    assert p.returncode == 0, p.stderr  # equivalent with caveats
+    lines = p.stdout.splitlines()
+    code = lines[lines.index("[code]") + 1:]
+    code = code[:code.index("")]
+    assert code == [
+        f"  CAVEAT  code differs: A executed {'1' * 40} (source 111111111111), "
+        f"B executed {'2' * 40} (source 222222222222)",
+        f"  info    {NO_GIT}"]
+    assert "verdict: EQUIVALENT WITH CAVEATS" in lines
+    report = json.loads((tmp_path / "d.json").read_text())
+    assert report["code_diff"] is None
+    assert {"section": "code", "level": "info", "text": NO_GIT} in report["findings"]
+
+
+def test_runs_diff_without_git_is_silent_about_hunks_when_the_code_is_the_same(tmp_path):
+    a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False)
+    p = _runs_diff_cli([str(a), str(b)], _python_only_path(tmp_path), tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "identical source" in p.stdout and NO_GIT not in p.stdout
 
 
 def test_documented_manifest_layout_is_read_too(tmp_path):
