@@ -6,7 +6,14 @@ set -eu
 
 work="${ALEPH_WORK:-/workspace}"
 # A bind-mounted work root owned by another uid fails later, deep inside a run; say so now.
-if ! mkdir -p "$work" 2>/dev/null || [ ! -w "$work" ]; then
+# A service that only reads the runs (tensorboard mounts the volume :ro) sets
+# ALEPH_WORK_READ_ONLY=1 and needs it readable, not writable.
+if [ "${ALEPH_WORK_READ_ONLY:-0}" = 1 ]; then
+    if [ ! -d "$work" ] || [ ! -r "$work" ] || [ ! -x "$work" ]; then
+        echo "entrypoint: work root $work is not a directory readable by uid $(id -u)" >&2
+        exit 73
+    fi
+elif ! mkdir -p "$work" 2>/dev/null || [ ! -w "$work" ]; then
     echo "entrypoint: work root $work is not writable by uid $(id -u);" \
         "chown it to $(id -u):$(id -g) on the host or use the named volume (docs/docker.md)" >&2
     exit 73

@@ -128,6 +128,7 @@ def test_tensorboard_serves_the_runs_read_only(cfg):
     # No authentication: loopback of the host unless ALEPH_TB_BIND says otherwise.
     assert s["ports"][0]["host_ip"] == "127.0.0.1"
     assert s["volumes"][0]["source"] == "work" and s["volumes"][0]["read_only"] is True
+    assert s["environment"] == {"ALEPH_WORK": "/workspace", "ALEPH_WORK_READ_ONLY": "1"}
     assert s["command"][:2] == ["aleph", "tensorboard"] and "/workspace/runs" in s["command"]
     assert s["logging"]["options"]["max-size"] == "20m"
     # One CPU as a cfs quota: no host refuses it (`cpus: 1.0` is range-checked by dockerd).

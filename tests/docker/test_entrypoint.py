@@ -67,6 +67,28 @@ def test_missing_work_root_is_created_and_status_passes_through(tmp_path):
     assert (tmp_path / "absent" / "work").is_dir()
 
 
+def _as_nobody() -> list[str]:
+    # root writes anywhere: run as nobody (the image runs as 1000)
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+
+
+def test_read_only_service_needs_a_readable_work_root_only():
+    # tensorboard mounts the volume :ro; the writability check would restart it forever.
+    with tempfile.TemporaryDirectory() as top:
+        os.chmod(top, 0o755)
+        work = Path(top) / "work"
+        work.mkdir(mode=0o555)
+        env = {**os.environ, "ALEPH_WORK": str(work), "ALEPH_WORK_READ_ONLY": "1"}
+        ok = subprocess.run([*_as_nobody(), str(ENTRYPOINT), "sh", "-c", "exit 5"], env=env,
+                            capture_output=True, text=True, timeout=20)
+        assert ok.returncode == 5, ok.stderr
+        absent = {**env, "ALEPH_WORK": str(work / "absent")}
+        p = subprocess.run([*_as_nobody(), str(ENTRYPOINT), "true"], env=absent,
+                           capture_output=True, text=True, timeout=20)
+    assert p.returncode == 73
+    assert f"work root {work / 'absent'} is not a directory readable by uid" in p.stderr
+
+
 def test_unwritable_work_root_fails_early_with_a_clear_message():
     with tempfile.TemporaryDirectory() as top:  # under /tmp: traversable by any uid
         os.chmod(top, 0o755)
