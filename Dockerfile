@@ -99,6 +99,8 @@ COPY pip_freeze.txt pyproject.toml ./
 COPY aleph/ aleph/
 COPY tests/ tests/
 COPY docker/ docker/
+# The benchmarks and bench/gpu_check.py (the check a person with a GPU runs once).
+COPY bench/ bench/
 ARG ALEPH_REVISION
 LABEL org.opencontainers.image.title="aleph-e1" \
       org.opencontainers.image.description="AlephLM-0 E1 environment and training module" \

@@ -1,7 +1,7 @@
 """aleph: reproducible environment and training module of the AlephLM-0 E1 line.
 
 Subpackages, one concern each; dependencies flow one way:
-cli -> train / eval / report -> model / targets / data -> env.
+cli -> campaign -> train / eval / report -> model / targets / data -> env.
 """
 
 __version__ = "0.1.0"

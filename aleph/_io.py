@@ -7,14 +7,20 @@ the old file or the new one, never a torn one.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from aleph.errors import QuotaError
+
 _CHUNK = 8 << 20
+# errno values of a write that ran out of room: disk full, quota, file size limit.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -38,28 +44,64 @@ def _umask() -> int:
     return 0o022
 
 
+def file_mode() -> int:
+    """The mode an ordinary `open(path, "w")` gives a new file: 0o666 less the umask."""
+    return 0o666 & ~_umask()
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on the filesystem of `path` (or of its
+    nearest existing parent); None when it cannot be asked."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free  # f_bavail * f_frsize
+    except OSError:
+        return None
+
+
+def check_free_space(path: str | os.PathLike, needed: int, what: str) -> None:
+    """Raise QuotaError (one line: the file, bytes needed vs free) unless `needed` bytes fit."""
+    free = free_bytes(path)
+    if free is not None and free < needed:
+        raise QuotaError(f"{path}: not enough disk space for {what}: needs {needed:,} B, "
+                         f"{free:,} B free; free space (or point ALEPH_WORK elsewhere) and retry")
+
+
+def disk_full_message(path: str | os.PathLike, e: OSError, needed: int | None = None) -> str:
+    """One line for a write that ran out of room: the file, the error, bytes needed vs free."""
+    free = free_bytes(Path(path).parent)
+    need = f"needs {needed:,} B, " if needed is not None else ""
+    room = f"{free:,} B free" if free is not None else "free space unknown"
+    return f"{path}: disk full while writing ({e.strerror or e}): {need}{room}"
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` atomically (temp file, fsync, rename, fsync dir).
 
     The file gets the mode an ordinary `open(path, "w")` would give it (0o666 less the
     umask), not mkstemp's 0o600: run records on a shared work volume must stay readable
-    by the other services and users that read them.
+    by the other services and users that read them. Running out of room raises an OSError
+    (errno kept) whose message names `path` and the bytes needed vs free.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            raise OSError(e.errno, disk_full_message(path, e, len(data))) from e
         raise
     fsync_dir(path.parent)
 

@@ -1,4 +1,5 @@
-"""`aleph data smoke|tokens|sts`: the smoke data set, token stores and STS pairs from the shell."""
+"""`aleph data smoke|tokens|fetch|sts`: the smoke data set, token stores, the offline bundle
+and STS pairs from the shell."""
 
 from __future__ import annotations
 
@@ -22,17 +23,71 @@ def _smoke(args) -> int:
 
 
 def _tokens(args) -> int:
-    from aleph.data import build_token_store, load_captions, load_tokenizer, tokenizer_fingerprint
-    from aleph.data.tokens import captions_sha256, token_store_dir
+    import time
+
+    from aleph.data import build_token_store, load_tokenizer, tokenizer_fingerprint
+    from aleph.data.captions import open_captions
+    from aleph.data.tokenizer import configure_threads
+    from aleph.data.tokens import token_store_dir
 
     tokenizer = load_tokenizer(args.tokenizer)
-    captions = load_captions(args.captions, column=args.column, split=args.split)
+    captions = open_captions(args.captions, column=args.column, split=args.split)
+    threads = configure_threads()
+    t0, c0 = time.perf_counter(), time.process_time()
+    digest = None
+    if not args.out:
+        digest = _captions_digest(args, captions)
+    t1 = time.perf_counter()
     out = Path(args.out) if args.out else token_store_dir(
-        captions_sha256(captions), tokenizer_fingerprint(tokenizer), args.max_len)
+        digest, tokenizer_fingerprint(tokenizer), args.max_len)
     reused = out.exists()
-    store = build_token_store(captions, tokenizer, out, max_len=args.max_len)
+    store = build_token_store(captions, tokenizer, out, max_len=args.max_len, expect_sha256=digest)
+    t2, cpu = time.perf_counter(), time.process_time() - c0  # CPU: all threads of the process
+    timing = "" if reused else (f"; {t2 - t0:.1f} s = captions sha256 {t1 - t0:.1f} s + tokenise "
+                                f"{t2 - t1:.1f} s, {store.rows / max(t2 - t0, 1e-9):,.0f} rows/s, "
+                                f"CPU {cpu:.1f} s = {cpu / max(t2 - t0, 1e-9):.2f} cores busy")
     print(f"{store.path}: {'reused' if reused else 'built'}, {store.rows:,} rows x "
-          f"{store.max_len} tokens, pad id {store.pad_id}")
+          f"{store.max_len} tokens, pad id {store.pad_id} ({threads}{timing})")
+    return 0
+
+
+def _captions_digest(args, captions) -> str:
+    """The captions' sha256, through the memo training keeps (`aleph.train.preflight.
+    captions_digest`), so a store built here is found by training without re-hashing
+    31.9M captions, and vice versa. A hub split other than train is hashed afresh (the
+    memo's key names the dataset, not the split)."""
+    from aleph.train.preflight import captions_digest
+
+    if captions.kind == "hub" and args.split != "train":
+        return captions.sha256()
+    return captions_digest(args.captions, lambda _source: captions, args.column)[0]
+
+
+def _fetch(args) -> int:
+    """Fill an offline bundle from the hub: the tokenizers and STS tasks a real run needs."""
+    from aleph.data import bundle
+    from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+    from aleph.eval.tasks import E1_TASKS, HF_TASKS, load_hf_task, parse_task_names
+
+    root = Path(args.out).expanduser().absolute() if args.out else bundle.bundle_root()
+    names = parse_task_names(args.tasks) if args.tasks else list(E1_TASKS)
+    unknown = [n for n in names if n not in HF_TASKS]
+    if unknown:
+        raise DataError(f"--tasks {args.tasks!r}: {unknown} are not hub tasks; expected names "
+                        f"from {', '.join(HF_TASKS)}")
+    for name in args.tokenizer or ["bert-base-uncased"]:
+        tok = load_tokenizer(name, use_bundle=False)
+        fp = tokenizer_fingerprint(tok)
+        d = bundle.add_tokenizer(root, name, tok, fp)
+        print(f"tokenizer {name}: {d} (fingerprint {fp[:16]})")
+    for name in names:
+        task = load_hf_task(name)  # the loader eval uses without a bundle: same pairs
+        dataset, revision = HF_TASKS[name]
+        path = bundle.add_sts(root, name, dataset, revision, "test", task.pairs)
+        print(f"STS {name}: {len(task.pairs)} pairs from {dataset}@{revision[:12]} -> {path}")
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    print(f"bundle {root}: {size:,} bytes; copy this directory to <work>/data/offline on the "
+          "target machine (or point ALEPH_OFFLINE_BUNDLE at it)")
     return 0
 
 
@@ -55,7 +110,8 @@ def _sts(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("data", help="smoke data set, token stores, smoke STS pairs")
+    p = subparsers.add_parser("data", help="smoke data set, token stores, offline bundle, "
+                                           "smoke STS pairs")
     sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     s = sub.add_parser("smoke", help="write (or reuse) the deterministic offline smoke data set")
     s.add_argument("--root", help="directory (default: <work>/data/smoke-<rows>[-s<seed>], where training looks)")
@@ -71,6 +127,14 @@ def register(subparsers) -> None:
     t.add_argument("--max-len", type=int, default=128)
     t.add_argument("--out", help="store directory (default: <work>/cache/tokens/<key>)")
     t.set_defaults(func=_tokens)
+    f = sub.add_parser("fetch", help="download what a real run needs from the hub into an "
+                                     "offline bundle (tokenizer, the 8 STS tasks)")
+    f.add_argument("--out", help="bundle directory (default: $ALEPH_OFFLINE_BUNDLE, else "
+                                 "<work>/data/offline, where the loaders look)")
+    f.add_argument("--tokenizer", action="append",
+                   help="hub tokenizer name, repeatable (default: bert-base-uncased)")
+    f.add_argument("--tasks", help="comma list of STS tasks (default: e1, the 8 tasks)")
+    f.set_defaults(func=_fetch)
     q = sub.add_parser("sts", help="STS-style pairs from the smoke grammar, as JSON lines")
     q.add_argument("--n", type=int, default=1000)
     q.add_argument("--seed", type=int, default=0)

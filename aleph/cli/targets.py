@@ -45,8 +45,11 @@ def _build(args) -> int:
 
 
 def _verify(args) -> int:
-    report = verify_store(args.store, full=args.full)
-    kind = "full (re-hashed every chunk range)" if args.full else "quick (manifest and size)"
+    report = verify_store(args.store, full=args.full, sources=args.sources)
+    kind = {"quick": "quick (manifest and size)",
+            "full": "full (re-hashed every chunk range)",
+            "sources": "sources (every chunk range re-hashed and equal to its source chunk)",
+            }[report["level"]]
     print(f"{args.store}: OK, {kind}: {report['rows']:,} x {report['dim']} {report['dtype']}, "
           f"{report['chunks']} chunks, {report['byte_length']:,} B")
     return 0
@@ -67,6 +70,24 @@ def _info(args) -> int:
     return 0
 
 
+VERIFY_LEVELS = """\
+levels (exit 0: OK; exit 2: one line naming every bad chunk range and why):
+  quick      the manifest's schema and arithmetic (rows x dim x itemsize = byte_length,
+             chunk row ranges contiguous and covering every row) and the data file's exact
+             size. Catches: missing, truncated or padded targets.bin; a damaged or edited
+             manifest; an unfinished build. Misses: any changed byte inside the file.
+  --full     quick + re-hash each chunk's row range of targets.bin and compare with the
+             sha256 recorded at build. Catches: any byte of the store changed after the
+             build. Misses: a source chunk changed after the build (the store is stale but
+             consistent with itself).
+  --sources  --full + re-read each source chunk at the path in the manifest, hash its rows
+             and compare with the store's range. Catches: a source edited after the build,
+             even with size and mtime kept (the cache, keyed on path, size and mtime, would
+             reuse the stale store); a missing, unreadable or reshaped source. Reads the
+             store and every source once.
+"""
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("targets", help="build, verify, plan or describe a target store")
     sub = p.add_subparsers(dest="targets_command", metavar="ACTION", required=True)
@@ -81,9 +102,17 @@ def register(subparsers) -> None:
     b.add_argument("--headroom", type=int, default=DEFAULT_HEADROOM_BYTES)
     b.add_argument("--no-plan", action="store_true", help="skip the quota check for in_ram")
     b.set_defaults(func=_build)
-    v = sub.add_parser("verify", help="check a store: quick (manifest, size) or --full (re-hash)")
+    v = sub.add_parser(
+        "verify", help="check a store: quick (manifest, size), --full (re-hash) or --sources",
+        description="Check a target store. Each level catches what the one before cannot.",
+        epilog=VERIFY_LEVELS, formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("store")
-    v.add_argument("--full", action="store_true")
+    level = v.add_mutually_exclusive_group()
+    level.add_argument("--full", action="store_true",
+                       help="also re-hash every chunk range of the store against the manifest")
+    level.add_argument("--sources", action="store_true",
+                       help="--full, and re-read every source chunk and compare its rows with "
+                       "the store's bytes, range by range")
     v.set_defaults(func=_verify)
     pl = sub.add_parser("plan", help="predicted peak memory of each implementation vs the quota")
     pl.add_argument("sources", nargs="+")

@@ -30,12 +30,21 @@ def register(subparsers) -> None:
 def _train(args) -> int:
     import json
 
-    from aleph.train.config import resolve, to_dict
+    from aleph.record.fingerprint import Tracer, preimport
 
-    cfg = resolve(args.preset, args.config, args.overrides, arm=args.arm, seed=args.seed)
-    if args.print_config:
-        print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
-        return 0
-    from aleph.train.run import train
+    # The executed-code record of the launch starts here, before the config is resolved;
+    # the third-party libraries are imported first, untraced (their import is not ours).
+    preimport()
+    tracer = Tracer().start()
+    try:
+        from aleph.train.config import resolve, to_dict
 
-    return train(cfg)
+        cfg = resolve(args.preset, args.config, args.overrides, arm=args.arm, seed=args.seed)
+        if args.print_config:
+            print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
+            return 0
+        from aleph.train.run import train
+
+        return train(cfg, tracer)
+    finally:
+        tracer.close_window()

@@ -2,57 +2,348 @@
 
 Row i of the captions is the text of target row i; `check_aligned` makes a count
 mismatch an error before any training step.
+
+A real run has 31.9M captions (about 18 GB of text, some 65 GB as Python strings), so
+nothing on its path holds them all: `open_captions` gives a `CaptionSource` that reads
+in batches (parquet by record batch, text and JSONL line by line in blocks, a hub
+dataset through its memory-mapped Arrow cache: the pages it maps in are clean page
+cache, which the kernel reclaims under the cgroup limit), counts its rows without reading the
+captions (`count_rows`: parquet metadata, a newline count, the dataset's row count),
+and hashes them while streaming (`sha256`: the digest `aleph.data.tokens.captions_sha256`
+defines). `load_captions` still returns a list, for small sources (tests, probes).
+A `.json` file is one JSON list and is parsed whole: use parquet, JSONL or text for a
+large source.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from aleph._io import work_root
 from aleph.errors import DataError
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
+BATCH_ROWS = 8192  # captions per batch read from a source
+_BLOCK = 1 << 20  # bytes read per block from a text file
 
 
-def load_captions(source: str | os.PathLike, column: str = "caption", split: str = "train",
-                  cache_dir: str | os.PathLike | None = None) -> list[str]:
-    """All captions of `source`, in row order.
+class CaptionsHasher:
+    """sha256 of captions as UTF-8 lines (each followed by \\n), in row order, fed batch by batch.
+
+    Equal to hashing each caption then b"\\n" in turn (the definition of
+    `aleph.data.tokens.captions_sha256`): a batch joined with \\n plus a final \\n is the
+    same byte string.
+    """
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self.rows = 0
+
+    def update(self, batch: Sequence[str]) -> None:
+        if not batch:
+            return
+        try:
+            data = "\n".join(batch).encode("utf-8")
+        except UnicodeEncodeError:
+            for i, c in enumerate(batch):
+                try:
+                    c.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise DataError(f"caption row {self.rows + i} is not encodable as UTF-8 "
+                                    f"({e.reason} at character {e.start}); expected valid Unicode text") from None
+            raise
+        self._h.update(data)
+        self._h.update(b"\n")
+        self.rows += len(batch)
+
+    def update_arrow(self, arr) -> None:
+        """Hash a pyarrow string array (no nulls) without making Python strings."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(arr)
+        if n == 0:
+            return
+        if not pa.types.is_string(arr.type):
+            arr = arr.cast(pa.string())  # large_string: one batch is far below 2 GiB
+        joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), arr), "\n")
+        self._h.update(joined[0].as_buffer())
+        self._h.update(b"\n")
+        self.rows += n
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+class CaptionSource:
+    """A caption source read lazily. Use `open_captions`."""
+
+    def __init__(self, source: str | os.PathLike, column: str = "caption", split: str = "train",
+                 cache_dir: str | os.PathLike | None = None) -> None:
+        self.column, self.split = column, split
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._rows: int | None = None
+        self._ds = None  # the hub dataset, loaded on first read
+        self._json: list[str] | None = None  # a .json list, parsed on first read
+        path = Path(source).expanduser()
+        if path.suffix in FILE_SUFFIXES or path.exists():
+            if not path.exists():
+                raise DataError(f"captions file {path} does not exist")
+            if not path.is_file():
+                raise DataError(f"captions source {path} is not a file; expected one of {FILE_SUFFIXES}")
+            if path.suffix not in FILE_SUFFIXES:
+                raise DataError(f"captions file {path}: unsupported type; expected {FILE_SUFFIXES}")
+            self.path: Path | None = path
+            self.kind = path.suffix[1:]
+            self.name = str(path)
+            if self.kind == "parquet":
+                self._parquet_file()  # a non-parquet file or a missing column fails here
+        else:
+            self.path, self.kind, self.name = None, "hub", str(source)
+
+    def __repr__(self) -> str:
+        return f"CaptionSource({self.name!r}, column={self.column!r}, kind={self.kind!r})"
+
+    # --- reading ---------------------------------------------------------------------------
+    def batches(self, rows: int = BATCH_ROWS) -> Iterator[list[str]]:
+        """The captions in row order, as lists of at most `rows` strings."""
+        if rows < 1:
+            raise DataError(f"batch rows {rows!r}: expected an integer >= 1")
+        if self.kind == "txt":
+            yield from _rebatch(self._text_blocks(), rows)
+        elif self.kind == "jsonl":
+            yield from _rebatch(self._jsonl_lines(), rows)
+        elif self.kind == "json":
+            data = self._json_list()
+            for i in range(0, len(data), rows):
+                yield data[i:i + rows]
+        else:
+            start = 0
+            for arr in self._arrow_batches(rows):
+                yield _arrow_strings(arr, self._where(), start)
+                start += len(arr)
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain.from_iterable(self.batches())
+
+    def head(self, n: int) -> list[str]:
+        """The first `n` captions (or all, if fewer), reading no further than needed."""
+        out: list[str] = []
+        for batch in self.batches(min(max(n, 1), BATCH_ROWS)):
+            out += batch[: n - len(out)]
+            if len(out) >= n:
+                break
+        return out
+
+    def count_rows(self) -> int:
+        """Rows of the source, without holding its captions (cached on this object).
+
+        Parquet: the footer's row count. Text: newlines (plus an unterminated last line).
+        JSONL: non-blank lines. Hub dataset: its row count. JSON list: its length.
+        """
+        if self._rows is None:
+            self._rows = {"txt": self._count_text, "jsonl": self._count_jsonl,
+                          "json": lambda: len(self._json_list()),
+                          "parquet": lambda: self._parquet_file().metadata.num_rows,
+                          "hub": lambda: self._dataset().num_rows}[self.kind]()
+        return self._rows
+
+    def sha256(self, rows: int = BATCH_ROWS) -> str:
+        """The captions' content hash (`aleph.data.tokens.captions_sha256`), streaming
+        `rows` captions at a time. Parquet and hub datasets are hashed from their Arrow
+        buffers (no Python strings).
+        """
+        h = CaptionsHasher()
+        if self.kind in ("parquet", "hub"):
+            for arr in self._arrow_batches(rows):
+                _check_arrow(arr, self._where(), h.rows)
+                h.update_arrow(arr)
+        else:
+            for batch in self.batches(rows):
+                h.update(batch)
+        return h.hexdigest()
+
+    # --- text and JSON ---------------------------------------------------------------------
+    def _text_blocks(self) -> Iterator[list[str]]:
+        """Lines of a text file, a block at a time, split on \\n only (a caption may hold
+        \\x1c, U+2028 and the other characters str.splitlines would also split on), a
+        trailing \\r dropped; the empty piece after a final newline is not a row."""
+        line_no, carry = 1, b""
+        with open(self.path, "rb") as f:
+            while True:
+                block = f.read(_BLOCK)
+                if not block:
+                    break
+                data = carry + block
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:
+                    carry = data
+                    continue
+                carry = data[cut:]
+                yield self._decode_lines(data[:cut - 1], line_no)
+                line_no += data.count(b"\n", 0, cut)
+        if carry:
+            yield self._decode_lines(carry, line_no)
+
+    def _decode_lines(self, data: bytes, first_line: int) -> list[str]:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = first_line + data.count(b"\n", 0, e.start)
+            raise DataError(f"{self.path}:{line}: not UTF-8 text ({e})") from None
+        return [s.removesuffix("\r") for s in text.split("\n")]
+
+    def _count_text(self) -> int:
+        n, last = 0, b""
+        with open(self.path, "rb") as f:
+            while block := f.read(_BLOCK):
+                n += block.count(b"\n")
+                last = block[-1:]
+        return n + (1 if last not in (b"", b"\n") else 0)
+
+    def _jsonl_lines(self) -> Iterator[str]:
+        with open(self.path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{self.path}:{n}: not UTF-8 text ({e})") from e
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{self.path}:{n}: invalid JSON ({e})") from e
+                yield _field(obj, self.column, f"{self.path}:{n}")
+
+    def _count_jsonl(self) -> int:
+        """Lines that `_jsonl_lines` does not skip as blank (str.strip() is empty)."""
+        n = 0
+        with open(self.path, "rb") as f:
+            for raw in f:
+                s = raw.strip()  # ASCII whitespace
+                if not s:
+                    continue
+                if s[0] > 0x20 and s[0] < 0x80:  # a printable ASCII character: not blank
+                    n += 1
+                elif raw.decode("utf-8", "replace").strip():  # Unicode whitespace only?
+                    n += 1
+        return n
+
+    def _json_list(self) -> list[str]:
+        if self._json is None:
+            try:
+                data = json.loads(self.path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError as e:
+                raise DataError(f"{self.path}: not UTF-8 text ({e})") from e
+            except json.JSONDecodeError as e:
+                raise DataError(f"{self.path}: invalid JSON ({e})") from e
+            if not isinstance(data, list):
+                raise DataError(f"{self.path}: expected a JSON list of objects with a "
+                                f"{self.column!r} field")
+            self._json = [_field(obj, self.column, f"{self.path}[{i}]") for i, obj in enumerate(data)]
+        return self._json
+
+    # --- Arrow: parquet and hub datasets ----------------------------------------------------
+    def _where(self) -> str:
+        return (f"{self.path} column {self.column!r}" if self.path is not None else
+                f"dataset {self.name!r} column {self.column!r}")
+
+    def _parquet_file(self):
+        import pyarrow.parquet as pq
+
+        try:
+            # buffered reads, no pre-buffering: a row group's column chunk is read page by
+            # page, so memory does not scale with the row group size
+            pf = pq.ParquetFile(self.path, buffer_size=1 << 20, pre_buffer=False)
+        except Exception as e:  # pyarrow raises several types for a non-parquet file
+            raise DataError(f"{self.path}: not a readable parquet file ({e})") from e
+        names = pf.schema_arrow.names
+        if self.column not in names:
+            raise DataError(f"{self.path}: no column {self.column!r}; columns are {names}")
+        return pf
+
+    def _dataset(self):
+        if self._ds is None:
+            import datasets
+
+            cache = self.cache_dir if self.cache_dir is not None else work_root() / "cache" / "hf"
+            try:
+                ds = datasets.load_dataset(self.name, split=self.split, cache_dir=str(cache))
+            except Exception as e:  # offline, unknown id, bad split: datasets raises many types
+                raise DataError(
+                    f"cannot load captions dataset {self.name!r} (split {self.split!r}; not a local "
+                    f"file, so taken as a Hugging Face dataset id: needs network access or a copy in "
+                    f"{cache}): {type(e).__name__}: {e}") from e
+            if self.column not in ds.column_names:
+                raise DataError(f"dataset {self.name!r}: no column {self.column!r}; columns are "
+                                f"{ds.column_names}")
+            self._ds = ds
+        return self._ds
+
+    def _arrow_batches(self, rows: int) -> Iterator:
+        """pyarrow arrays of at most `rows` values of the caption column, in row order."""
+        if self.kind == "hub":
+            ds = self._dataset().select_columns([self.column]).with_format("arrow")
+            for table in ds.iter(batch_size=rows):  # memory-mapped Arrow cache, not a list
+                yield table.column(self.column).combine_chunks()
+            return
+        pf = self._parquet_file()
+        it = pf.iter_batches(batch_size=rows, columns=[self.column], use_threads=False)
+        while True:
+            try:
+                rb = next(it)
+            except StopIteration:
+                return
+            except Exception as e:  # a damaged data page after a readable footer
+                why = " ".join(str(e).split())
+                raise DataError(f"{self.path}: column {self.column!r} is not readable "
+                                f"({type(e).__name__}: {why})") from e
+            yield rb.column(0)
+
+
+def open_captions(source: str | os.PathLike | CaptionSource, column: str = "caption",
+                  split: str = "train", cache_dir: str | os.PathLike | None = None) -> CaptionSource:
+    """A `CaptionSource` for `source` (checked now: existence, type, parquet column).
 
     A path ending in .txt (one caption per line), .jsonl (one object per line),
     .json (a list of objects) or .parquet reads the `column` field; anything else that
     is not an existing path is taken as a Hugging Face dataset id, loaded with `datasets`
-    (split `split`, cached under `cache_dir`, default <work root>/cache/hf).
+    when first read (split `split`, cached under `cache_dir`, default <work root>/cache/hf).
     """
-    path = Path(source).expanduser()
-    if path.suffix in FILE_SUFFIXES or path.exists():
-        if not path.exists():
-            raise DataError(f"captions file {path} does not exist")
-        if not path.is_file():
-            raise DataError(f"captions source {path} is not a file; expected one of {FILE_SUFFIXES}")
-        reader = {".txt": _read_text, ".jsonl": _read_jsonl, ".json": _read_json,
-                  ".parquet": _read_parquet}.get(path.suffix)
-        if reader is None:
-            raise DataError(f"captions file {path}: unsupported type; expected {FILE_SUFFIXES}")
-        captions = reader(path, column)
-    else:
-        captions = _read_hub(str(source), column, split, cache_dir)
+    if isinstance(source, CaptionSource):
+        return source
+    return CaptionSource(source, column, split, cache_dir)
+
+
+def load_captions(source: str | os.PathLike, column: str = "caption", split: str = "train",
+                  cache_dir: str | os.PathLike | None = None) -> list[str]:
+    """All captions of `source`, in row order, as one list (small sources only: a real
+    run streams them through `open_captions`)."""
+    captions = list(open_captions(source, column, split, cache_dir))
     if not captions:
         raise DataError(f"captions source {source}: no rows")
     return captions
 
 
-def _read_text(path: Path, column: str) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text ({e})") from e
-    # split on "\n" only: str.splitlines would also split on \x1c, \u2028, ... inside captions
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+def _rebatch(pieces: Iterable[list[str]] | Iterable[str], rows: int) -> Iterator[list[str]]:
+    """Lists of `rows` captions from lists of any size (or single captions)."""
+    out: list[str] = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            out.append(piece)
+        else:
+            out += piece
+        while len(out) >= rows:
+            yield out[:rows]
+            out = out[rows:]
+    if out:
+        yield out
 
 
 def _field(obj: object, column: str, where: str) -> str:
@@ -65,74 +356,25 @@ def _field(obj: object, column: str, where: str) -> str:
     return value
 
 
-def _read_jsonl(path: Path, column: str) -> list[str]:
-    out = []
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{n}: not UTF-8 text ({e})") from e
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: invalid JSON ({e})") from e
-            out.append(_field(obj, column, f"{path}:{n}"))
-    return out
+def _check_arrow(arr, where: str, start: int):
+    """`arr` as a string array with no nulls; else a DataError naming the first bad row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        first = next((v for v in arr.to_pylist() if v is not None), None) if len(arr) else None
+        raise DataError(f"{where}: row {start} is {type(first).__name__} ({arr.type}), "
+                        "expected a string")
+    if arr.null_count:
+        i = pc.index(arr.is_null(), True).as_py()
+        raise DataError(f"{where}: row {start + i} is NoneType, expected a string")
+    return arr
 
 
-def _read_json(path: Path, column: str) -> list[str]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text ({e})") from e
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: invalid JSON ({e})") from e
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a JSON list of objects with a {column!r} field")
-    return [_field(obj, column, f"{path}[{i}]") for i, obj in enumerate(data)]
-
-
-def _read_parquet(path: Path, column: str) -> list[str]:
-    import pyarrow.parquet as pq
-
-    try:
-        schema = pq.read_schema(path)
-    except Exception as e:  # pyarrow raises several types for a non-parquet file
-        raise DataError(f"{path}: not a readable parquet file ({e})") from e
-    if column not in schema.names:
-        raise DataError(f"{path}: no column {column!r}; columns are {schema.names}")
-    try:
-        values = pq.read_table(path, columns=[column]).column(column).to_pylist()
-    except Exception as e:  # a damaged data page after a readable footer
-        why = " ".join(str(e).split())
-        raise DataError(f"{path}: column {column!r} is not readable ({type(e).__name__}: {why})") from e
-    return _check_strings(values, f"{path} column {column!r}")
-
-
-def _check_strings(values: list, where: str) -> list[str]:
-    for i, v in enumerate(values):
-        if not isinstance(v, str):
-            raise DataError(f"{where}: row {i} is {type(v).__name__}, expected a string")
-    return values
-
-
-def _read_hub(name: str, column: str, split: str, cache_dir) -> list[str]:
-    import datasets
-
-    cache = Path(cache_dir) if cache_dir is not None else work_root() / "cache" / "hf"
-    try:
-        ds = datasets.load_dataset(name, split=split, cache_dir=str(cache))
-    except Exception as e:  # offline, unknown id, bad split: datasets raises many types
-        raise DataError(
-            f"cannot load captions dataset {name!r} (split {split!r}; not a local file, so "
-            f"taken as a Hugging Face dataset id: needs network access or a copy in {cache}): "
-            f"{type(e).__name__}: {e}") from e
-    if column not in ds.column_names:
-        raise DataError(f"dataset {name!r}: no column {column!r}; columns are {ds.column_names}")
-    return _check_strings(ds[column], f"dataset {name!r} column {column!r}")
+def _arrow_strings(arr, where: str, start: int) -> list[str]:
+    return _check_arrow(arr, where, start).to_pylist()
 
 
 def check_aligned(token_rows: int, target_rows: int, token_source: str = "token store",

@@ -27,11 +27,15 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
-def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None):
+def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
+                   use_bundle: bool = True):
     """A transformers fast tokenizer from a local directory or a hub name (e.g. bert-base-uncased).
 
-    Hub downloads are cached under `cache_dir` (default <work root>/cache/hf). A missing
-    directory, an unknown name, or a name that cannot be fetched offline is a DataError.
+    A hub name is taken from the offline bundle when it holds it (`aleph.data.bundle`,
+    written by `aleph data fetch`), else from the hub, cached under `cache_dir` (default
+    <work root>/cache/hf). A missing directory, an unknown name, or a name that cannot be
+    fetched offline is a DataError. `use_bundle=False` goes to the hub (what
+    `aleph data fetch` does to fill the bundle).
     """
     from transformers import AutoTokenizer  # heavy import, only when a tokenizer is needed
 
@@ -45,19 +49,63 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
     elif _looks_like_path(name) or isinstance(name_or_dir, Path):
         raise DataError(f"tokenizer directory {name!r} does not exist")
     else:
-        cache = Path(cache_dir) if cache_dir is not None else work_root() / "cache" / "hf"
-        source, kwargs = name, {"cache_dir": str(cache)}
+        from aleph.data.bundle import tokenizer_dir
+
+        bundled = tokenizer_dir(name) if use_bundle else None  # the offline bundle first
+        if bundled is not None:
+            source, kwargs = str(bundled), {}
+        else:
+            cache = Path(cache_dir) if cache_dir is not None else work_root() / "cache" / "hf"
+            source, kwargs = name, {"cache_dir": str(cache)}
     try:
         tok = AutoTokenizer.from_pretrained(source, **kwargs)
     except Exception as e:  # a corrupt tokenizer.json surfaces as KeyError, TypeError, ...
-        hint = ("" if path.is_dir() else
-                " (a hub name: needs network access or a copy already in the cache; "
-                "HF_HUB_OFFLINE=1 forbids downloads)")
+        if path.is_dir():
+            hint = ""
+        elif source != name:
+            hint = f" (the offline bundle's copy {source}; re-run `aleph data fetch` or copy it again)"
+        else:
+            from aleph.data.bundle import fetch_hint
+
+            hint = (" (a hub name: needs network access, a copy already in the cache (HF_HUB_OFFLINE=1 "
+                    f"forbids downloads), {fetch_hint()})")
         first = " ".join(str(e).split()) or type(e).__name__
         raise DataError(f"cannot load tokenizer {name!r}{hint}: {type(e).__name__}: {first}") from e
     if not getattr(tok, "is_fast", False):
         raise DataError(f"tokenizer {name!r} is not a fast (tokenizers-backed) tokenizer")
     return tok
+
+
+def tokenizer_threads(cgroup_root: str | os.PathLike | None = None) -> int:
+    """Threads the tokenizers library should use here: the CPUs this process may run on,
+    capped by the container's CPU quota (cgroup cfs quota / period, rounded down, at
+    least 1: 17 for the seed's 17.85), not the host's CPU count (`aleph.env.cgroup`)."""
+    from aleph.env.cgroup import DEFAULT_ROOT, read_envelope
+
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    cores = read_envelope(cgroup_root if cgroup_root is not None else DEFAULT_ROOT).cpu_cores
+    if cores is not None:
+        n = min(n, max(1, int(cores)))
+    return max(1, n)
+
+
+def configure_threads() -> str:
+    """Size the tokenizers library's thread pool (rayon: RAYON_NUM_THREADS) from
+    `tokenizer_threads()`, unless the environment already sets it; returns what applies.
+
+    The pool is created at the first parallel encode of the process, so this must run
+    before it (the token store builder calls it before encoding).
+    """
+    if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("0", "false", "off", "no"):
+        return "tokenizer threads: 1 (TOKENIZERS_PARALLELISM is off)"
+    if os.environ.get("RAYON_NUM_THREADS"):
+        return f"tokenizer threads: {os.environ['RAYON_NUM_THREADS']} (RAYON_NUM_THREADS, as set)"
+    n = tokenizer_threads()
+    os.environ["RAYON_NUM_THREADS"] = str(n)
+    return f"tokenizer threads: {n} (CPU affinity and cgroup quota)"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -11,7 +11,10 @@ directory is complete or absent):
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
+import itertools
 import os
 import shutil
 import tempfile
@@ -21,13 +24,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aleph._io import atomic_write_json, fsync_dir, read_json, sha256_file, sha256_json, work_root
-from aleph.data.tokenizer import tokenizer_fingerprint
+from aleph._io import (
+    DISK_FULL_ERRNOS,
+    atomic_write_json,
+    check_free_space,
+    disk_full_message,
+    fsync_dir,
+    read_json,
+    sha256_file,
+    sha256_json,
+    work_root,
+)
+from aleph.data.captions import CaptionsHasher, CaptionSource
+from aleph.data.tokenizer import configure_threads, tokenizer_fingerprint
 from aleph.errors import DataError, StoreError
 
 FORMAT = "aleph-token-store"
-VERSION = 1
-BATCH = 8192  # captions tokenised per call; the only encodings held in memory at once
+VERSION = 1  # unchanged by streaming builds: same layout, same bytes, same captions digest
+BATCH = 8192  # captions per encode call; two batches of encodings are in memory at once
+FLUSH_BYTES = 64 << 20  # written bytes between fdatasync + drop of a file's pages
 
 
 def token_store_dir(captions_sha: str, tok_fp: str, max_len: int, root: Path | None = None) -> Path:
@@ -36,12 +51,17 @@ def token_store_dir(captions_sha: str, tok_fp: str, max_len: int, root: Path | N
     return (root if root is not None else work_root()) / "cache" / "tokens" / key[:16]
 
 
-def captions_sha256(captions: Sequence[str]) -> str:
-    """sha256 of the captions as UTF-8 lines (each followed by \\n), in row order."""
-    h = hashlib.sha256()
-    for c in captions:
-        h.update(c.encode("utf-8"))
-        h.update(b"\n")
+def captions_sha256(captions: Sequence[str] | CaptionSource) -> str:
+    """sha256 of the captions as UTF-8 lines (each followed by \\n), in row order.
+
+    A list is hashed as it is; a `CaptionSource` is hashed while streaming (its own
+    `sha256`), so the digest of a 31.9M-row file never needs the captions in memory.
+    """
+    if isinstance(captions, CaptionSource):
+        return captions.sha256()
+    h = CaptionsHasher()
+    for i in range(0, len(captions), BATCH):
+        h.update(captions[i:i + BATCH])
     return h.hexdigest()
 
 
@@ -56,6 +76,14 @@ class TokenStore:
 
     def __len__(self) -> int:
         return self.rows
+
+    @property
+    def content_sha256(self) -> str:
+        """Path-independent hash of the store's contents: the sha256 of both arrays (from the
+        manifest, computed when they were written) with rows, max_len and pad_id."""
+        m = self.manifest
+        return sha256_json({"files": m["files"], "rows": m["rows"], "max_len": m["max_len"],
+                            "pad_id": m["pad_id"]})
 
     def gather(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows `indices` as (input_ids (B, L') long, attention_mask (B, L') bool).
@@ -72,25 +100,55 @@ class TokenStore:
         return ids, mask
 
 
-def build_token_store(captions: Sequence[str], tokenizer, out_dir: str | Path,
-                      max_len: int = 128, batch: int = BATCH) -> TokenStore:
+class _ListSource:
+    """A caption list seen through the `CaptionSource` interface the builder reads."""
+
+    def __init__(self, captions: Sequence[str]) -> None:
+        self._captions, self.name = captions, "the captions given"
+
+    def count_rows(self) -> int:
+        return len(self._captions)
+
+    def batches(self, rows: int):
+        for i in range(0, len(self._captions), rows):
+            yield list(self._captions[i:i + rows])
+
+    def sha256(self) -> str:
+        return captions_sha256(self._captions)
+
+
+def build_token_store(captions: Sequence[str] | CaptionSource, tokenizer, out_dir: str | Path,
+                      max_len: int = 128, batch: int = BATCH, *, expect_sha256: str | None = None,
+                      flush_bytes: int = FLUSH_BYTES) -> TokenStore:
     """Tokenise `captions` (truncated to max_len) into a store at `out_dir`, or reuse it.
 
-    An existing store built from the same captions, tokenizer and max_len is reused;
-    one built from anything else is a StoreError (pick another directory or remove it).
+    `captions` is a list or a `CaptionSource` (`aleph.data.captions.open_captions`), read
+    batch by batch: memory does not grow with the number of rows. The captions' sha256 is
+    computed while they are tokenised; `expect_sha256` (a digest computed earlier, e.g. to
+    find this store's cache directory) must equal it, or the source changed in between
+    and nothing is kept. An existing store built from the same captions, tokenizer and
+    max_len is reused; one built from anything else is a StoreError (pick another
+    directory or remove it).
     """
     out_dir = Path(out_dir)
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
         raise DataError(f"max_len {max_len!r}: expected an integer >= 2 (room for [CLS] and [SEP])")
     if tokenizer.pad_token_id is None:
         raise DataError("tokenizer has no [PAD] token; the token store pads with it")
-    if len(captions) == 0:
-        raise DataError("no captions to tokenise")
-    want = {"captions_sha256": captions_sha256(captions),
-            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer), "max_len": int(max_len)}
+    src = captions if isinstance(captions, CaptionSource) else _ListSource(captions)
+    rows = src.count_rows()
+    if rows == 0:
+        raise DataError(f"no captions to tokenise in {src.name}")
+    want = {"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer), "max_len": int(max_len)}
+    digest = expect_sha256
     if not out_dir.exists():
-        _build(out_dir, captions, tokenizer, want, batch)
+        digest = _build(out_dir, src, rows, tokenizer, want, batch, expect_sha256, flush_bytes)
     store = open_token_store(out_dir)
+    if store.rows != rows:
+        raise StoreError(f"token store {out_dir} was built from different ['captions_sha256'] "
+                         f"({store.rows} rows; {src.name} has {rows}); remove it or choose "
+                         "another directory")
+    want["captions_sha256"] = digest if digest is not None else src.sha256()
     diff = sorted(k for k, v in want.items() if store.manifest.get(k) != v)
     if diff:
         raise StoreError(f"token store {out_dir} was built from different {diff}; "
@@ -98,20 +156,31 @@ def build_token_store(captions: Sequence[str], tokenizer, out_dir: str | Path,
     return store
 
 
-def _build(out_dir: Path, captions: Sequence[str], tokenizer, want: dict, batch: int) -> None:
-    """Write the store in a temporary sibling, then rename it to `out_dir`.
+def _build(out_dir: Path, src, rows: int, tokenizer, want: dict, batch: int,
+           expect_sha256: str | None, flush_bytes: int) -> str:
+    """Write the store in a temporary sibling, then rename it to `out_dir`; return the
+    captions' sha256 computed on the way.
 
     Two builders of the same store (runs launched together) both write; the second
     rename fails because `out_dir` exists, and that builder uses the winner's store.
     """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    max_len = want["max_len"]
+    check_free_space(out_dir.parent, rows * (max_len + 1) * 4 + 4096,
+                     f"token store {out_dir.name} ({rows:,} rows x {max_len} int32 tokens)")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        _write_arrays(tmp, captions, tokenizer, want["max_len"], batch)
+        digest, files = _write_arrays(tmp, src, rows, tokenizer, want["max_len"], batch,
+                                      flush_bytes)
+        if expect_sha256 is not None and digest != expect_sha256:
+            raise DataError(f"captions {src.name}: sha256 {digest} while tokenising, but "
+                            f"{expect_sha256} was expected (hashed earlier, or memoised in "
+                            "<work>/cache/captions-sha256/): the captions changed in between; "
+                            "remove the stale memo and rerun")
         atomic_write_json(tmp / "manifest.json", {
-            "format": FORMAT, "version": VERSION, "rows": len(captions),
-            "pad_id": int(tokenizer.pad_token_id), **want,
-            "files": {n: sha256_file(tmp / n) for n in ("ids.npy", "lengths.npy")}})
+            "format": FORMAT, "version": VERSION, "rows": rows,
+            "pad_id": int(tokenizer.pad_token_id), "captions_sha256": digest, **want,
+            "files": files})
         try:
             os.rename(tmp, out_dir)  # fails if out_dir appeared meanwhile (another builder)
         except OSError:
@@ -121,26 +190,146 @@ def _build(out_dir: Path, captions: Sequence[str], tokenizer, want: dict, batch:
             fsync_dir(out_dir.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return digest
 
 
-def _write_arrays(tmp: Path, captions: Sequence[str], tokenizer, max_len: int, batch: int) -> None:
-    rows = len(captions)
-    ids = np.lib.format.open_memmap(tmp / "ids.npy", mode="w+", dtype=np.int32,
-                                    shape=(rows, max_len))
-    lengths = np.lib.format.open_memmap(tmp / "lengths.npy", mode="w+", dtype=np.int32,
-                                        shape=(rows,))
-    for start in range(0, rows, batch):
-        enc = tokenizer(list(captions[start:start + batch]), truncation=True, max_length=max_len,
-                        padding="max_length", return_tensors="np",
-                        return_token_type_ids=False, return_attention_mask=True)
-        stop = start + enc["input_ids"].shape[0]
-        ids[start:stop] = enc["input_ids"]  # (b, max_len) right-padded with pad_id
-        lengths[start:stop] = enc["attention_mask"].sum(axis=1)  # (b,)
-    for arr in (ids, lengths):
-        arr.flush()
-    for name in ("ids.npy", "lengths.npy"):
-        with open(tmp / name, "rb") as f:
-            os.fsync(f.fileno())
+def _encoder(tokenizer, max_len: int):
+    """A private copy of the tokenizer's backend (`tokenizers.Tokenizer`) that truncates
+    to max_len as transformers' `truncation=True` does, and its batch encode function.
+
+    The copy is what transformers would call, minus its per-call Python work (and its
+    per-call truncation/padding state, so concurrent builders never share one backend).
+    `encode_batch_fast` (tokenizers >= 0.20) skips character offsets, which the store
+    does not keep; the ids are the same.
+    """
+    from tokenizers import Tokenizer
+
+    enc = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    enc.no_padding()
+    enc.enable_truncation(max_len, stride=0, strategy="longest_first",
+                          direction=getattr(tokenizer, "truncation_side", "right"))
+    return getattr(enc, "encode_batch_fast", enc.encode_batch)
+
+
+def _write_arrays(tmp: Path, src, rows: int, tokenizer, max_len: int, batch: int,
+                  flush_bytes: int) -> tuple[str, dict[str, str]]:
+    """Stream `src` into ids.npy and lengths.npy; return (captions sha256, file sha256s).
+
+    Batch k+1 is encoded (the tokenizers library's threads, GIL released) while batch k
+    is unpacked and written, so the Python side hides behind the encoder. Files are
+    written with pwrite and their pages flushed and dropped every `flush_bytes`, so
+    neither the arrays nor their dirty page cache grow with the row count.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    configure_threads()
+    encode = _encoder(tokenizer, max_len)
+    pad = int(tokenizer.pad_token_id)
+    hasher = CaptionsHasher()
+    ids_w = _NpyWriter(tmp / "ids.npy", (rows, max_len), flush_bytes)
+    len_w = _NpyWriter(tmp / "lengths.npy", (rows,), flush_bytes)
+
+    def emit(encodings) -> None:
+        seqs = [e.ids for e in encodings]
+        lengths = np.fromiter(map(len, seqs), dtype=np.int32, count=len(seqs))  # (b,)
+        flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32,
+                           count=int(lengths.sum()))
+        ids = np.full((len(seqs), max_len), pad, dtype=np.int32)  # (b, max_len)
+        ids[np.arange(max_len) < lengths[:, None]] = flat  # right-padded with pad_id
+        ids_w.write(ids)
+        len_w.write(lengths)
+
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="aleph-tokenise") as pool:
+            pending = None
+            for texts in src.batches(batch):
+                if hasher.rows + len(texts) > rows:
+                    raise DataError(f"captions {src.name}: more rows than the {rows} counted "
+                                    "before reading (changed while being read?)")
+                hasher.update(texts)
+                job = pool.submit(encode, texts)
+                if pending is not None:
+                    emit(pending.result())
+                pending = job
+            if pending is not None:
+                emit(pending.result())
+        if hasher.rows != rows:
+            raise DataError(f"captions {src.name}: {hasher.rows} rows read but {rows} counted "
+                            "before reading (changed while being read?)")
+        files = {"ids.npy": ids_w.finish(), "lengths.npy": len_w.finish()}
+    finally:
+        ids_w.close()
+        len_w.close()
+    return hasher.hexdigest(), files
+
+
+class _NpyWriter:
+    """Sequential writer of a C-order int32 .npy file, its pages flushed as it goes.
+
+    The file is reserved at its full size first (a full disk fails here, not hours in).
+    Every `flush_bytes` the written range is fdatasync'ed and dropped from page cache
+    (POSIX_FADV_DONTNEED), as the target store's writer does: page cache is charged to
+    the container's memory cgroup, and a 16 GB ids.npy must not become 16 GB of it. The
+    sha256 of the bytes is computed as they are written, so the file is not read back.
+    """
+
+    def __init__(self, path: Path, shape: tuple[int, ...], flush_bytes: int) -> None:
+        self.path, self.flush_bytes = path, max(1, int(flush_bytes))
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(np.int32)),
+            "fortran_order": False, "shape": tuple(shape)})  # the header np.save writes
+        head = header.getvalue()
+        self.size = len(head) + int(np.prod(shape, dtype=np.int64)) * 4
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)  # less the umask
+        try:
+            os.posix_fallocate(self.fd, 0, self.size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without it
+                os.close(self.fd)
+                self.fd = -1
+                raise self._error(e, f"reserving {self.size:,} bytes") from None
+        self.h, self.pos, self.synced = hashlib.sha256(), 0, 0
+        self._put(memoryview(head))
+
+    def _error(self, e: OSError, what: str) -> StoreError:
+        if e.errno in DISK_FULL_ERRNOS:
+            return StoreError(disk_full_message(self.path, e, self.size))
+        return StoreError(f"{self.path}: I/O error while {what} ({e.strerror})")
+
+    def _put(self, view: memoryview) -> None:
+        self.h.update(view)
+        while view:
+            try:
+                n = os.pwrite(self.fd, view, self.pos)
+            except OSError as e:
+                raise self._error(e, f"writing at byte {self.pos:,}") from None
+            view, self.pos = view[n:], self.pos + n
+        if self.pos - self.synced >= self.flush_bytes:
+            self._flush()
+
+    def write(self, arr: np.ndarray) -> None:
+        self._put(memoryview(np.ascontiguousarray(arr, dtype=np.int32)).cast("B"))
+
+    def _flush(self) -> None:
+        try:
+            os.fdatasync(self.fd)
+        except OSError as e:
+            raise self._error(e, "flushing") from None
+        os.posix_fadvise(self.fd, self.synced, self.pos - self.synced, os.POSIX_FADV_DONTNEED)
+        self.synced = self.pos
+
+    def finish(self) -> str:
+        """Check the file is complete, make it durable; its sha256."""
+        if self.pos != self.size:
+            raise StoreError(f"{self.path}: {self.pos:,} bytes written, expected {self.size:,}")
+        self._flush()
+        return self.h.hexdigest()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def open_token_store(path: str | Path, verify_hashes: bool = False) -> TokenStore:

@@ -49,14 +49,19 @@ def _int(text: str, path: Path) -> int:
         raise ConfigError(f"{path}: {text!r} is not an integer (malformed cgroup file)") from None
 
 
-def _own_v2_dir(root: Path) -> Path:
+def _self_cgroup(root: Path, self_cgroup: str | None) -> str | None:
+    """/proc/self/cgroup (only for the real root: a fabricated tree comes with its own text)."""
+    if self_cgroup is not None:
+        return self_cgroup
+    return _read(Path("/proc/self/cgroup")) if root == DEFAULT_ROOT else None
+
+
+def _own_v2_dir(root: Path, self_cgroup: str | None = None) -> Path:
     """The process's own cgroup v2 directory under `root` (root itself in a container)."""
     rel = None
-    text = _read(Path("/proc/self/cgroup")) if root == DEFAULT_ROOT else None
-    if text:
-        for line in text.splitlines():
-            if line.startswith("0::"):
-                rel = line[3:].lstrip("/")
+    for line in (_self_cgroup(root, self_cgroup) or "").splitlines():
+        if line.startswith("0::"):
+            rel = line[3:].lstrip("/")
     if rel:
         cand = root / rel
         if (cand / "memory.max").exists() or (cand / "cpu.max").exists():
@@ -64,11 +69,44 @@ def _own_v2_dir(root: Path) -> Path:
     return root
 
 
-def read_envelope(root: str | os.PathLike = DEFAULT_ROOT) -> Envelope:
-    """Read memory limit, CPU quota and cpuset from cgroup v2 (preferred) or v1."""
+def _own_v1_dir(root: Path, controller: str, mount: str, self_cgroup: str | None = None) -> Path:
+    """The process's own cgroup v1 directory of `controller` under `root/mount`.
+
+    In a container with its own cgroup namespace (or Docker's bind of its cgroup) the mount
+    is the container's cgroup and /proc/self/cgroup names a path that does not exist under
+    it: the mount itself is the answer. On a host (or a job runner) the mount is the whole
+    hierarchy and the process's own directory lies below it, e.g. memory/process_api/<id>.
+    """
+    base = root / mount
+    for line in (_self_cgroup(root, self_cgroup) or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and controller in parts[1].split(","):
+            rel = parts[2].strip().lstrip("/")
+            if rel and (base / rel).is_dir():
+                return base / rel
+    return base
+
+
+def _v1_memory_limit(d: Path) -> int | None:
+    """The effective v1 limit of `d`: its own or an ancestor's, whichever is lower."""
+    mem = _read(d / "memory.limit_in_bytes")
+    limit = _int(mem, d / "memory.limit_in_bytes") if mem else None
+    for line in (_read(d / "memory.stat") or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hierarchical_memory_limit" and value.strip().isdigit():
+            limit = int(value) if limit is None else min(limit, int(value))
+    return limit if limit is not None and limit < _V1_UNLIMITED else None
+
+
+def read_envelope(root: str | os.PathLike = DEFAULT_ROOT, self_cgroup: str | None = None) -> Envelope:
+    """Read memory limit, CPU quota and cpuset from cgroup v2 (preferred) or v1.
+
+    The process's own cgroup is read (`self_cgroup`: the text of /proc/self/cgroup, read
+    from the live system for the real root), falling back to the mount's top.
+    """
     root = Path(root)
     if (root / "cgroup.controllers").exists():
-        d = _own_v2_dir(root)
+        d = _own_v2_dir(root, self_cgroup)
         mem = _read(d / "memory.max")
         memory = None if mem in (None, "max") else _int(mem, d / "memory.max")
         quota = period = None
@@ -79,23 +117,100 @@ def read_envelope(root: str | os.PathLike = DEFAULT_ROOT) -> Envelope:
             quota = None if q == "max" else _int(q, d / "cpu.max")
         cpuset = _read(d / "cpuset.cpus.effective") or _read(d / "cpuset.cpus")
         return Envelope(2, memory, quota, period if quota is not None else None, cpuset)
-    mem_dir, cpu_dir = root / "memory", root / "cpu,cpuacct"
-    if not cpu_dir.exists():
-        cpu_dir = root / "cpu"
-    if mem_dir.exists() or cpu_dir.exists():
-        mem = _read(mem_dir / "memory.limit_in_bytes")
-        mem_n = _int(mem, mem_dir / "memory.limit_in_bytes") if mem else None
-        memory = mem_n if mem_n is not None and mem_n < _V1_UNLIMITED else None
+    cpu_mount = "cpu,cpuacct" if (root / "cpu,cpuacct").exists() else "cpu"
+    if (root / "memory").exists() or (root / cpu_mount).exists():
+        memory = _v1_memory_limit(_own_v1_dir(root, "memory", "memory", self_cgroup))
+        cpu_dir = _own_v1_dir(root, "cpu", cpu_mount, self_cgroup)
         q = _read(cpu_dir / "cpu.cfs_quota_us")
         p = _read(cpu_dir / "cpu.cfs_period_us")
         q_n = _int(q, cpu_dir / "cpu.cfs_quota_us") if q else None
         quota = q_n if q_n is not None and q_n > 0 else None
         period = _int(p, cpu_dir / "cpu.cfs_period_us") if (p and quota is not None) else None
-        cpuset = _read(root / "cpuset" / "cpuset.effective_cpus") or _read(
-            root / "cpuset" / "cpuset.cpus"
-        )
+        cpuset_dir = _own_v1_dir(root, "cpuset", "cpuset", self_cgroup)
+        cpuset = _read(cpuset_dir / "cpuset.effective_cpus") or _read(cpuset_dir / "cpuset.cpus")
         return Envelope(1, memory, quota, period, cpuset)
     return Envelope(None, None, None, None, None)
+
+
+@dataclass(frozen=True)
+class MemoryState:
+    """The memory cgroup of a process, as the kernel accounts it now.
+
+    `path` is the cgroup directory, so a later process can read the same counters again
+    (e.g. whether `oom_kill` rose after a launch vanished). None = not readable.
+    """
+
+    version: int
+    path: str
+    usage_bytes: int | None
+    limit_bytes: int | None  # effective: the lowest limit of the cgroup and its ancestors
+    peak_bytes: int | None  # v1 memory.max_usage_in_bytes; v2 memory.peak (kernel >= 5.19)
+    oom_kill: int | None  # v2 memory.events oom_kill; v1 memory.oom_control oom_kill
+    inactive_file_bytes: int | None = None  # page cache the kernel reclaims before any OOM kill
+
+    @property
+    def working_set_bytes(self) -> int | None:
+        """Usage less inactive page cache: what counts toward an OOM kill (as `docker stats`)."""
+        if self.usage_bytes is None:
+            return None
+        return max(self.usage_bytes - (self.inactive_file_bytes or 0), 0)
+
+    def as_dict(self) -> dict:
+        return {"version": self.version, "path": self.path, "usage_bytes": self.usage_bytes,
+                "working_set_bytes": self.working_set_bytes, "limit_bytes": self.limit_bytes,
+                "peak_bytes": self.peak_bytes, "oom_kill": self.oom_kill}
+
+
+def _field(text: str | None, key: str) -> int | None:
+    """`key N` lines (memory.events, memory.oom_control): N, or None when absent."""
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def _opt_int(path: Path) -> int | None:
+    text = _read(path)
+    return int(text) if text and text.isdigit() else None
+
+
+def memory_at(path: str | os.PathLike, version: int) -> MemoryState | None:
+    """The counters of the memory cgroup directory `path` (v1 or v2); None if it is gone."""
+    d = Path(path)
+    if not d.is_dir():
+        return None
+    if version == 2:
+        limit = None
+        node = d
+        while (node / "cgroup.controllers").exists():  # the lowest limit up to the mount
+            text = _read(node / "memory.max")
+            if text and text != "max" and text.isdigit():
+                limit = int(text) if limit is None else min(limit, int(text))
+            if node.parent == node:
+                break
+            node = node.parent
+        return MemoryState(2, str(d), _opt_int(d / "memory.current"), limit,
+                           _opt_int(d / "memory.peak"),
+                           _field(_read(d / "memory.events"), "oom_kill"),
+                           _field(_read(d / "memory.stat"), "inactive_file"))
+    stat = _read(d / "memory.stat")
+    inactive = _field(stat, "total_inactive_file")
+    return MemoryState(1, str(d), _opt_int(d / "memory.usage_in_bytes"), _v1_memory_limit(d),
+                       _opt_int(d / "memory.max_usage_in_bytes"),
+                       _field(_read(d / "memory.oom_control"), "oom_kill"),
+                       inactive if inactive is not None else _field(stat, "inactive_file"))
+
+
+def read_memory(root: str | os.PathLike = DEFAULT_ROOT,
+                self_cgroup: str | None = None) -> MemoryState | None:
+    """This process's memory cgroup (usage, limit, peak, OOM-kill counter); None without one."""
+    root = Path(root)
+    if (root / "cgroup.controllers").exists():
+        return memory_at(_own_v2_dir(root, self_cgroup), 2)
+    if (root / "memory").exists():
+        return memory_at(_own_v1_dir(root, "memory", "memory", self_cgroup), 1)
+    return None
 
 
 def format_bytes(n: int) -> str:

@@ -49,9 +49,11 @@ def _load_targets(path: Path, rows: int) -> torch.Tensor:
 
 
 def file_probe(captions: str | Path, targets: str | Path, rows: int = DEFAULT_ROWS) -> ProbeData:
-    from aleph.data import load_captions
+    from aleph.data.captions import open_captions
 
-    texts = load_captions(captions)[:rows]
+    texts = open_captions(captions).head(rows)  # reads no further than `rows` captions
+    if not texts:
+        raise DataError(f"probe data: captions source {captions}: no rows")
     t = _load_targets(Path(targets), rows)  # (n, D)
     if len(texts) != t.shape[0]:
         raise DataError(f"probe data: {len(texts)} caption rows from {captions} but "

@@ -5,7 +5,9 @@ for each requested name:
 
 1. a local file `<tasks_dir>/<name>.tsv` or `<name>.jsonl` (format below);
 2. `smoke`: pairs built offline from the smoke grammar (`aleph.data.smoke.sts_pairs`);
-3. the public test split on the Hugging Face hub, through `datasets`, cached under
+3. the offline bundle (`aleph.data.bundle`, written by `aleph data fetch`): the same
+   test split at the same pinned revision, fetched earlier on a machine with network;
+4. the public test split on the Hugging Face hub, through `datasets`, cached under
    `<work root>/cache/hf` (see `HF_TASKS`: the MTEB copies at pinned revisions).
 
 Local file formats (UTF-8):
@@ -32,10 +34,12 @@ DISPLAY = {
 }
 # Public copies with one schema (sentence1, sentence2, score) and a `test` split: the MTEB
 # copies, pinned to the revisions MTEB's own task definitions pin, so a cached or fresh
-# download always holds the same pairs.
+# download always holds the same pairs. Checked against embeddings-benchmark/mteb's task
+# files (mteb/tasks/sts/eng/*.py, 2.x layout): all eight agree; SICK-R is at 20a6d6f3...,
+# the revision MTEB moved to in 2024 from the a6ea5a8c... that this table pinned before.
 HF_TASKS = {
     "stsb": ("mteb/stsbenchmark-sts", "b0fddb56ed78048fa8b90373c8a3cfc37b684831"),
-    "sickr": ("mteb/sickr-sts", "a6ea5a8cab320b040a23452cc28066d9beae2cee"),
+    "sickr": ("mteb/sickr-sts", "20a6d6f312dd54037fe07a32d58e5e168867909d"),
     "sts12": ("mteb/sts12-sts", "a0d554a64d88156834ff5ae9920b964011b16384"),
     "sts13": ("mteb/sts13-sts", "7e90230a92c190f1bf69ae9002b8cea547a64cca"),
     "sts14": ("mteb/sts14-sts", "6031580fec1f6af667f0bd2da0a551cf4f0b2375"),
@@ -86,6 +90,12 @@ def load_task(name: str, tasks_dir: str | Path | None = None) -> STSTask:
     if name == "smoke":
         return smoke_task()
     if name in HF_TASKS:
+        from aleph.data.bundle import sts_file
+
+        dataset_id, revision = HF_TASKS[name]
+        path = sts_file(name, dataset_id, revision)
+        if path is not None:
+            return STSTask(name, read_jsonl(path), f"bundle:{dataset_id}@{revision[:12]}:test")
         return load_hf_task(name)
     where = f" and no {name}.tsv/.jsonl in {tasks_dir}" if tasks_dir else ""
     raise DataError(
@@ -109,10 +119,13 @@ def load_hf_task(name: str) -> STSTask:
 
         ds = datasets.load_dataset(dataset_id, split="test", revision=revision, cache_dir=str(cache))
     except Exception as e:  # network, hub or cache failures all end the same way for a user
+        from aleph.data.bundle import fetch_hint
+
+        why = " ".join(str(e)[:300].split())
         raise DataError(
             f"cannot load STS task {name!r} from dataset {dataset_id} (test split, cache {cache}): "
-            f"{type(e).__name__}: {str(e)[:300]}. Offline? Run once with network access to fill "
-            f"the cache, or give --tasks-dir with a local {name}.tsv / {name}.jsonl"
+            f"{type(e).__name__}: {why}. Offline? Run once with network access to fill "
+            f"the cache, give --tasks-dir with a local {name}.tsv / {name}.jsonl, {fetch_hint()}"
         ) from e
     missing = {"sentence1", "sentence2", "score"} - set(ds.column_names)
     if missing:

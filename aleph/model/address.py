@@ -71,9 +71,12 @@ class Address(nn.Module):
         return 1.0 - (a * home).sum(dim=-1)  # (K,)
 
     @torch.no_grad()
-    def max_abs_cos(self) -> float:
-        """Largest |cos| between two different anchors (1 = two anchors collapsed)."""
+    def max_abs_cos_tensor(self) -> torch.Tensor:
+        """Largest |cos| between two different anchors (1 = two anchors collapsed), 0-d."""
         a = F.normalize(self.anchors.float(), dim=-1)  # (K, D)
         cos = (a @ a.T).abs()  # (K, K)
         cos.fill_diagonal_(0.0)
-        return float(cos.max())
+        return cos.max()
+
+    def max_abs_cos(self) -> float:
+        return float(self.max_abs_cos_tensor())

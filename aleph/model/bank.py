@@ -91,10 +91,13 @@ class AnchoredBank(nn.Module):
             return out
         w = self.address(x)  # (B, L, K) float32
         self._record(w, mask)
-        coef = (w * torch.sigmoid(self.gates.float())).to(x.dtype)  # (B, L, K)
         k, d, ff = self.w_in.shape
         w_in = self.w_in.permute(1, 0, 2).reshape(d, k * ff)  # (D, K*ff)
         h = F.gelu(x @ w_in.to(x.dtype))  # (B, L, K*ff)
+        # The hidden's dtype, not x's: under bf16 autocast x (a LayerNorm output) is fp32
+        # while the matmul gives bf16; an fp32 coef would promote the (B, L, K*ff) hidden to
+        # fp32 and back (memory traffic a2's dense FFN does not pay).
+        coef = (w * torch.sigmoid(self.gates.float())).to(h.dtype)  # (B, L, K)
         h = h.unflatten(-1, (k, ff)) * coef.unsqueeze(-1)  # (B, L, K, ff)
         experts = h.flatten(-2) @ self.w_out.reshape(k * ff, d).to(x.dtype)  # (B, L, D)
         return out + experts  # (B, L, D)
@@ -110,22 +113,33 @@ class AnchoredBank(nn.Module):
         self._count.copy_(keep.sum() * w.shape[-1])
 
     @torch.no_grad()
+    def health_tensors(self) -> dict[str, torch.Tensor]:
+        """The gauges as 0-d tensors on the bank's device (no host sync): the caller moves
+        every bank's gauges to the host in one transfer (AlephEncoder.health)."""
+        gates = torch.sigmoid(self.gates.float())  # (K,)
+        out = {f"gate{k}": g for k, g in enumerate(gates.unbind())}
+        out["gate_mean"] = gates.mean()
+        drift = self.address.drift()  # (K,) 1 - cos(anchor, home)
+        out["anchor_drift"] = drift.mean()
+        out["anchor_drift_max"] = drift.max()
+        out["anchor_max_cos"] = self.address.max_abs_cos_tensor()
+        # Usage is undefined before a forward with dispatch on (or all-zero weights): NaN.
+        total = self._usage.sum()
+        p = self._usage / total.clamp(min=1e-30)  # (2K,)
+        entropy = -(p * torch.log(p.clamp(min=1e-30))).sum()
+        nan = torch.full_like(total, math.nan)
+        out["usage_ppl"] = torch.where(total > 0, torch.exp(entropy), nan)  # in [1, 2K]
+        out["neg_frac"] = torch.where(total > 0, self._neg / self._count.clamp(min=1), nan)
+        return out
+
     def health(self) -> dict[str, float]:
         """Gauges of this bank; address-derived ones describe the last forward with dispatch on."""
-        gates = torch.sigmoid(self.gates.float())  # (K,)
-        out = {f"gate{k}": float(g) for k, g in enumerate(gates)}
-        out["gate_mean"] = float(gates.mean())
-        drift = self.address.drift()  # (K,) 1 - cos(anchor, home)
-        out["anchor_drift"] = float(drift.mean())
-        out["anchor_drift_max"] = float(drift.max())
-        out["anchor_max_cos"] = self.address.max_abs_cos()
-        total = float(self._usage.sum())
-        if total > 0:  # no forward yet (or all-zero weights): usage is undefined
-            p = self._usage / total  # (2K,)
-            entropy = -(p * torch.log(p.clamp(min=1e-30))).sum()
-            out["usage_ppl"] = float(torch.exp(entropy))  # in [1, 2K]
-            out["neg_frac"] = float(self._neg / self._count.clamp(min=1))
-        else:
-            out["usage_ppl"] = math.nan
-            out["neg_frac"] = math.nan
-        return out
+        return tensors_to_floats(self.health_tensors())
+
+
+def tensors_to_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """{name: 0-d tensor} -> {name: float} with one device-to-host transfer for all."""
+    if not values:
+        return {}
+    stacked = torch.stack([v.detach().float().reshape(()) for v in values.values()])
+    return dict(zip(values, stacked.tolist(), strict=True))

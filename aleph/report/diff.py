@@ -1,11 +1,16 @@
 """`aleph runs diff A B`: is run B equivalent to run A? The seed's argument, made mechanical.
 
-Five sections are compared from the run directories' own files (manifest.json,
-config.json, launches/*.log): environment, code, config, target store, launches. Every
+Seven sections are compared from the run directories' own files (manifest.json with its
+per-launch records, config.json, launches/*): environment, envelope, execution, code,
+config, target store, launches. A run is represented by the launches that trained steps
+it kept (aleph.record.launch); the first of them is compared with the other run's, and
+every later one with its own run's first, naming the launch and its step range where the
+code, environment, envelope or execution changed. A launch that trained nothing (a no-op
+relaunch of a complete run, a refused or interrupted one) never adds a caveat. Every
 finding has a level:
 - same / info: nothing that can change what the run computed;
-- caveat: a difference that is named in the verdict (the reader judges it; e.g. a
-  changed code revision, a resumed run, a launch log without its header);
+- caveat: a difference that is named in the verdict (the reader judges it; e.g. executed
+  code that changed, a resumed run, a change that makes results not bitwise comparable);
 - blocker: a difference that changes what was computed (torch/CUDA/cuDNN/Python, a
   training hyper-parameter, different target contents).
 Verdict: "not equivalent" if any blocker, else "equivalent with caveats" if any caveat,
@@ -19,8 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aleph.eval import rundir
-from aleph.report import launches, store_diff
-from aleph.report.gitdiff import CodeDiff, HunksUnavailable, diff_revisions
+from aleph.record.fingerprint import read_executed
+from aleph.record.launch import (
+    NUMERIC_CONFIG_FIELDS,
+    NUMERIC_FACTS,
+    LaunchRecord,
+    read_launches,
+    reference_launch,
+    training_launches,
+)
+from aleph.report import code_compare, launches, store_diff
+from aleph.report.gitdiff import CodeDiff
 from aleph.train.config import ADDED_FIELDS, RESUMABLE_CHANGES, with_added_fields
 
 LEVELS = ("same", "info", "caveat", "blocker")
@@ -125,42 +139,75 @@ def _compare_packages(d: RunDiff, ea: dict, eb: dict) -> None:
         d.add("environment", "caveat", f"package {name} {pa.get(name, 'absent')} vs {pb.get(name, 'absent')}")
 
 
+# --- envelope -------------------------------------------------------------------------------
+
+# Limits a replication must match (the seed: "any rig sized against that law wants the exact
+# byte value"): a caveat when they differ. Placement facts: named, not held against it.
+ENVELOPE_CAVEAT = {"memory_limit_bytes": "memory limit (bytes)", "cpu_cores": "CPU quota (cores)"}
+ENVELOPE_INFO = {"cpuset": "cpuset", "numa_nodes": "NUMA nodes", "cgroup_version": "cgroup version"}
+
+
+def _gpu_memory(env: dict) -> list:
+    return sorted((g.get("name"), g.get("memory_mib")) for g in env.get("gpus") or [])
+
+
+def compare_envelope(add, ea: dict | None, eb: dict | None, la: str = "A", lb: str = "B") -> None:
+    """The resource envelopes two launches ran in (aleph.record.provenance.envelope)."""
+    if ea is None or eb is None:
+        who = " and ".join(w for w, e in ((la, ea), (lb, eb)) if e is None)
+        add("info", f"envelope not recorded by {who} (a launch from before per-launch records)")
+        return
+    for key, name in ENVELOPE_CAVEAT.items():
+        va, vb = ea.get(key), eb.get(key)
+        if va == vb:
+            add("same", f"{name} {_fmt(va)}")
+        else:
+            add("caveat", f"{name} {_fmt(va)} vs {_fmt(vb)}: a different resource envelope "
+                "(what fits in memory, how many cores)")
+    if _gpu_memory(ea) != _gpu_memory(eb):
+        add("caveat", f"GPU memory {_gpu_memory(ea)} vs {_gpu_memory(eb)}")
+    for key, name in ENVELOPE_INFO.items():
+        va, vb = ea.get(key), eb.get(key)
+        add("same" if va == vb else "info", f"{name} {_v(va)}" if va == vb else f"{name} {_v(va)} vs {_v(vb)}")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "none (no limit)"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+# --- execution --------------------------------------------------------------------------------
+
+def compare_execution(add, xa: dict | None, xb: dict | None, la: str = "A", lb: str = "B") -> None:
+    """What each launch executed with that changes the floating-point result
+    (aleph.record.launch.NUMERIC_FACTS): any difference is a caveat, with the reason."""
+    if xa is None or xb is None:
+        who = " and ".join(w for w, x in ((la, xa), (lb, xb)) if x is None)
+        add("info", f"execution facts not recorded by {who} (a launch from before per-launch "
+            "records): see the config section")
+        return
+    for key, why in NUMERIC_FACTS.items():
+        va, vb = xa.get(key), xb.get(key)
+        if va == vb:
+            add("same", f"{key} {_v(va)}")
+        else:
+            add("caveat", f"{key} {_v(va)} vs {_v(vb)}: not bitwise comparable: {why}")
+
+
 # --- code ---------------------------------------------------------------------------------
 
-def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None) -> None:
-    s = "code"
-    ra, rb = ca.get("revision"), cb.get("revision")
-    ha, hb = ca.get("source_sha256"), cb.get("source_sha256")
-    if ha and ha == hb:
-        level = "same" if ra == rb else "info"
-        d.add(s, level, f"identical source (sha256 {ha[:12]})"
-              + ("" if ra == rb else f" under revisions {ra} and {rb}"))
-        return
-    d.add(s, "caveat", f"code differs: A executed {ra} (source {str(ha)[:12]}), "
-          f"B executed {rb} (source {str(hb)[:12]})")
-    for who, rev in (("A", ra), ("B", rb)):
-        if str(rev).endswith("-dirty"):
-            d.add(s, "caveat", f"{who} ran from a modified working tree ({rev}): its exact source has no revision")
-    clean = [str(r).removesuffix("-dirty") for r in (ra, rb)]
-    if any(c in ("unknown", "None", "") for c in clean):
-        d.add(s, "info", "hunks not shown: a run records no code revision (neither an image "
-              "REVISION nor a git checkout); only the source hashes compare")
-        return
-    if clean[0] == clean[1]:
-        d.add(s, "info", f"same base revision {clean[0][:12]}: the difference is in uncommitted "
-              "changes, which no checkout holds (compare the source hashes)")
-        return
-    try:
-        cd = diff_revisions(repo, *clean)
-    except HunksUnavailable as e:  # one line: no git here, no checkout, revision not in it
-        d.add(s, "info", str(e))
-        return
-    d.code_diff = cd
-    d.add(s, "info", f"{clean[0][:12]} -> {clean[1][:12]}: {len(cd.files)} file(s) of the "
-          f"executed package (aleph/), {cd.lines_changed} line(s) changed")
-    for f in cd.files:
-        counts = "binary" if f.added is None else f"+{f.added} -{f.removed}"
-        d.add(s, "info", f"  {f.path} ({counts}; {len(f.hunks)} hunk(s))")
+def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None, la: str = "A", lb: str = "B",
+                 run_a: Path | None = None, run_b: Path | None = None,
+                 section: str = "code") -> None:
+    """Two launches' code records, with their executed-code records when they have them
+    (aleph.report.code_compare)."""
+    exec_a, why_a = read_executed(run_a, ca) if run_a is not None else (None, "")
+    exec_b, why_b = read_executed(run_b, cb) if run_b is not None else (None, "")
+    cd = code_compare.compare_code(lambda level, text: d.add(section, level, text), ca, cb,
+                                   repo, la, lb, exec_a, exec_b, why_a, why_b)
+    if cd is not None and d.code_diff is None:
+        d.code_diff = cd
 
 
 # --- config -------------------------------------------------------------------------------
@@ -186,11 +233,14 @@ def _flatten(obj, prefix="") -> dict:
     return {prefix[:-1]: obj}
 
 
-def compare_config(d: RunDiff, ca: dict, cb: dict) -> None:
+def compare_config(d: RunDiff, ca: dict, cb: dict, executed: bool = False) -> None:
     """Every differing field is a blocker unless it is classed above. A field that a config
     predates (ADDED_FIELDS, e.g. `init`) counts as the value that run ran with, and says so:
     a run initialised normal_0.02 before the field existed is not equivalent to an
-    e1_orthogonal one, and is equivalent to a later normal_0.02 one."""
+    e1_orthogonal one, and is equivalent to a later normal_0.02 one. A field that changes
+    the floating-point result (threads, device, bf16, deterministic, compile) is a caveat
+    "not bitwise comparable", judged from what the launches executed when both runs
+    recorded it (`executed`: the execution section), else from the configs."""
     s = "config"
     fa, fb = _flatten(with_added_fields(ca)), _flatten(with_added_fields(cb))
     differing = sorted(k for k in set(fa) | set(fb) if fa.get(k, ...) != fb.get(k, ...))
@@ -201,7 +251,14 @@ def compare_config(d: RunDiff, ca: dict, cb: dict) -> None:
         if implied:
             text += (f" ({' and '.join(implied)} recorded no {key}: its config predates the "
                      f"field, so it ran {ADDED_FIELDS[key]!r})")
-        if key in INTENDED:
+        if key in NUMERIC_CONFIG_FIELDS:
+            fact = NUMERIC_CONFIG_FIELDS[key]
+            if executed:
+                d.add(s, "info", f"{text} (judged from what each launch executed: {fact} in "
+                      "the execution section)")
+            else:
+                d.add(s, "caveat", f"{text}: not bitwise comparable: {NUMERIC_FACTS[fact]}")
+        elif key in INTENDED:
             d.add(s, "info", f"{text} (experiment variable)")
         elif key in LABELS:
             d.add(s, "info", f"{text} (a label only)")
@@ -219,6 +276,41 @@ def compare_config(d: RunDiff, ca: dict, cb: dict) -> None:
 
 # --- top level ----------------------------------------------------------------------------
 
+def _label(who: str, r: LaunchRecord | None, several: bool) -> str:
+    return f"{who} {r.label()}" if several and r is not None else who
+
+
+def _lift(d: RunDiff, section: str, prefix: str, compare) -> None:
+    """Run a comparison into a scratch diff and keep its differences, prefixed."""
+    scratch = RunDiff(d.a, d.b)
+    compare(scratch)
+    for f in scratch.findings:
+        if f.level != "same":
+            d.add(section if f.section == section else f.section, f.level, f"{prefix}{f.text}")
+
+
+def _within_run(d: RunDiff, who: str, run: Path, manifest: dict, repo: Path | None) -> None:
+    """Each later launch that trained steps, against the run's first: code, environment,
+    envelope, execution changes name the launch and its step range."""
+    trained = training_launches(manifest)
+    if len(trained) < 2:
+        return
+    ref = trained[0]
+    for r in trained[1:]:
+        la, lb = f"{who} {ref.label()}", f"{who} {r.label()}"
+        if r.code.get("source_sha256") != ref.code.get("source_sha256"):
+            compare_code(d, ref.code, r.code, repo, la, lb, run, run)
+        if ref.environment and r.environment and ref.environment != r.environment:
+            _lift(d, "environment", f"{lb} vs {la}: ",
+                  lambda x, e1=ref.environment, e2=r.environment: compare_environment(x, e1, e2))
+        if ref.envelope and r.envelope:
+            _lift(d, "envelope", f"{lb} vs {la}: ", lambda x, e1=ref.envelope, e2=r.envelope:
+                  compare_envelope(lambda lv, t: x.add("envelope", lv, t), e1, e2))
+        if ref.execution and r.execution:
+            _lift(d, "execution", f"{lb} vs {la}: ", lambda x, e1=ref.execution, e2=r.execution:
+                  compare_execution(lambda lv, t: x.add("execution", lv, t), e1, e2))
+
+
 def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) -> RunDiff:
     run_a, run_b = rundir.require_run_dir(run_a), rundir.require_run_dir(run_b)
     ma = rundir.read_run_json(run_a, rundir.MANIFEST)
@@ -227,10 +319,27 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
     cb = rundir.read_run_json(run_b, rundir.CONFIG)
     d = RunDiff(rundir.run_label(run_a, ma), rundir.run_label(run_b, mb))
     src_a, src_b = str(run_a / rundir.MANIFEST), str(run_b / rundir.MANIFEST)
-    compare_environment(d, rundir.field(ma, "environment", src_a, kind=dict),
-                        rundir.field(mb, "environment", src_b, kind=dict))
-    compare_code(d, rundir.manifest_code(ma), rundir.manifest_code(mb), repo)
-    compare_config(d, ca, cb)
+    # Each run through the first launch whose steps it kept (the record of that launch;
+    # for a manifest from before per-launch records, its top-level record).
+    ref_a, ref_b = reference_launch(ma), reference_launch(mb)
+    several_a = len({r.code.get("source_sha256") for r in training_launches(ma)}) > 1
+    several_b = len({r.code.get("source_sha256") for r in training_launches(mb)}) > 1
+    la, lb = _label("A", ref_a, several_a), _label("B", ref_b, several_b)
+    env_a = ref_a.environment if ref_a and ref_a.environment else rundir.field(
+        ma, "environment", src_a, kind=dict)
+    env_b = ref_b.environment if ref_b and ref_b.environment else rundir.field(
+        mb, "environment", src_b, kind=dict)
+    compare_environment(d, env_a, env_b)
+    compare_envelope(lambda level, text: d.add("envelope", level, text),
+                     ref_a.envelope if ref_a else None, ref_b.envelope if ref_b else None)
+    xa, xb = (ref_a.execution if ref_a else None), (ref_b.execution if ref_b else None)
+    compare_execution(lambda level, text: d.add("execution", level, text), xa, xb)
+    code_a = ref_a.code if ref_a else rundir.manifest_code(ma)
+    code_b = ref_b.code if ref_b else rundir.manifest_code(mb)
+    compare_code(d, code_a, code_b, repo, la, lb, run_a, run_b)
+    for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
+        _within_run(d, who, run, m, repo)
+    compare_config(d, ca, cb, executed=xa is not None and xb is not None)
     ta, tb = rundir.manifest_targets(ma, src_a), rundir.manifest_targets(mb, src_b)
     for level, text in store_diff.compare_targets(ta, tb):
         d.add("targets", level, text)
@@ -241,3 +350,6 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
         for level, text in launches.check_launches(run, m):
             d.add("launches", level, f"{who}: {text}")
     return d
+
+
+__all__ = ["RunDiff", "Finding", "diff_runs", "read_launches"]

@@ -6,7 +6,7 @@ import dataclasses
 
 from aleph.report.diff import RunDiff
 
-SECTIONS = ("environment", "code", "config", "targets", "launches")
+SECTIONS = ("environment", "envelope", "execution", "code", "config", "targets", "launches")
 MARK = {"same": "  same   ", "info": "  info   ", "caveat": "  CAVEAT ", "blocker": "  BLOCKER"}
 
 
@@ -34,11 +34,12 @@ def _hunks(d: RunDiff, patch: bool, max_hunks: int) -> list[str]:
         return ["", *d.code_diff.patch.splitlines()]
     out, shown = [], 0
     for f in d.code_diff.files:
-        for h in f.hunks:
+        for i, h in enumerate(f.hunks):
             if shown == max_hunks:
                 out.append("           ... more hunks: rerun with --patch for the full diff")
                 return out
-            out.append(f"           {f.path} {h}")
+            note = f"  [{f.notes[i]}]" if i < len(f.notes) else ""
+            out.append(f"           {f.path} {h}{note}")
             shown += 1
     return out
 

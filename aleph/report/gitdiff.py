@@ -7,6 +7,7 @@ checkout does not hold. `aleph runs diff` prints that line where the hunks would
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ class FileChange:
     added: int | None  # None for binary files
     removed: int | None
     hunks: list[str] = field(default_factory=list)  # the "@@ ... @@" header of each hunk
+    # per hunk: (line numbers removed in the old file, line numbers added in the new file)
+    changes: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # per hunk: what ran it (runs diff)
 
 
 @dataclass
@@ -72,8 +76,8 @@ def diff_revisions(repo: str | Path | None, rev_a: str, rev_b: str,
         raise HunksUnavailable(
             f"revision{'s' if len(absent) > 1 else ''} {' and '.join(r[:12] for r in absent)} "
             f"not in the git checkout at {top.stdout.strip()}: code hunks not listed")
-    numstat = _git(repo, "diff", "--numstat", rev_a, rev_b, "--", *paths)
-    patch = _git(repo, "diff", "--unified=3", rev_a, rev_b, "--", *paths)
+    numstat = _git(repo, "diff", "--no-renames", "--numstat", rev_a, rev_b, "--", *paths)
+    patch = _git(repo, "diff", "--no-renames", "--unified=3", rev_a, rev_b, "--", *paths)
     for run in (numstat, patch):
         if run.returncode:
             raise HunksUnavailable(f"git diff {rev_a[:12]} {rev_b[:12]} failed in {repo} "
@@ -84,11 +88,35 @@ def diff_revisions(repo: str | Path | None, rev_a: str, rev_b: str,
         added, removed, path = line.split("\t", 2)
         files[path] = FileChange(path, None if added == "-" else int(added),
                                  None if removed == "-" else int(removed))
-    current = None
+    current, old, new, in_hunk = None, 0, 0, False
     for line in patch.stdout.splitlines():
         if line.startswith("diff --git "):
             # "diff --git a/<path> b/<path>": the b-side path is the one numstat names
             current = files.get(line.split(" b/", 1)[-1])
+            in_hunk = False  # the ---/+++ header lines follow
         elif line.startswith("@@") and current is not None:
             current.hunks.append(line)
+            current.changes.append(([], []))
+            m = _HUNK.match(line)
+            old, new = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+            in_hunk = True
+        elif current is not None and in_hunk:
+            removed, added = current.changes[-1]
+            if line.startswith("-"):
+                removed.append(old)
+                old += 1
+            elif line.startswith("+"):
+                added.append(new)
+                new += 1
+            elif line.startswith(" "):
+                old, new = old + 1, new + 1
     return CodeDiff(rev_a, rev_b, list(files.values()), patch.stdout)
+
+
+_HUNK = re.compile(r"@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
+def file_at(repo: str | Path, rev: str, path: str) -> str | None:
+    """The text of `path` at `rev` in the checkout, or None where it does not exist."""
+    got = _git(Path(repo), "show", f"{rev}:{path}")
+    return got.stdout if got.returncode == 0 else None

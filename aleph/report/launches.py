@@ -5,6 +5,10 @@ the launch id, and starts with a header (launch id, allocator cap, VRAM probe, c
 echo, resume line). A log whose first line is not that launch's header has lost its
 preamble, or was written by someone else (the seed's a1-s1 log began with 7,195 bytes of
 a duplicate launch): the run's own setup then has no witness, which is a caveat.
+
+Only launches that trained steps the run kept can raise a caveat or a blocker
+(aleph.record.launch: actions and step ranges): a relaunch that found the run complete,
+a refused launch or one stopped before its first step is reported as information.
 """
 
 from __future__ import annotations
@@ -12,7 +16,15 @@ from __future__ import annotations
 import datetime as _dt
 from pathlib import Path
 
-from aleph.train.outputs import COMPLETE, NOTHING_TO_TRAIN, STATUSES, STOPPED
+from aleph.record.launch import (
+    COMPLETE,
+    NOOP,
+    STATUSES,
+    STOPPED,
+    LaunchRecord,
+    describe_lost,
+    read_launches,
+)
 
 # The header is among the launch's first lines (aleph.train.session.Session.header);
 # each item is a message that starts with its marker. Lines read `[<tag>] <UTC> <message>`.
@@ -70,57 +82,82 @@ def header_problem(log: Path, launch_id: str) -> str | None:
     return None
 
 
-def _status_findings(i: int, n: int, lid: str, status, code) -> list[tuple[str, str]]:
-    """How launch i of n ended, judged by the trainer's statuses (aleph.train.outputs).
+def _status_findings(r: LaunchRecord, last_trained: bool, finished_later: bool,
+                     status, code) -> list[tuple[str, str]]:
+    """How a launch that trained ended, judged by the trainer's statuses (aleph.record.launch).
 
     complete/exit 0: nothing to say. stopped/exit 0 before a later launch: an ordinary
     resume (the launch count names it). failed, lost, running, or a non-zero exit status:
-    a caveat, a blocker when it is the last launch; so is a last launch that stopped: the
-    run did not finish. A status the trainer never writes is a caveat naming it.
+    a caveat, a blocker when it is the last launch that trained and no later one found the
+    run complete; so is such a last launch that stopped: the run did not finish. A status
+    the trainer never writes is a caveat naming it.
     """
-    last = i == n
+    last = last_trained and not finished_later
+    name = r.label()
     if status not in STATUSES:
-        text = (f"launch {i} ({lid}) has status {status!r}, which the trainer does not write "
+        text = (f"{name} has status {status!r}, which the trainer does not write "
                 f"({', '.join(STATUSES)}): how it ended is unknown")
         return [("blocker", text + ": the run may not have finished")] if last else [("caveat", text)]
     if status in (COMPLETE, STOPPED) and code == 0 and (status == COMPLETE or not last):
         return []
-    ended = (f"launch {i} ({lid}) ended {status} with exit status {code}" if code is not None
-             else f"launch {i} ({lid}) ended {status} (no exit status recorded)")
+    ended = (f"{name} ended {status} with exit status {code}" if code is not None
+             else f"{name} ended {status} (no exit status recorded)")
+    lost = describe_lost(r.entry)
+    if lost:
+        ended += f": {lost}"
     return [("blocker", ended + ": the run did not finish")] if last else [("caveat", ended)]
+
+
+def _idle_finding(r: LaunchRecord) -> tuple[str, str]:
+    """A launch that trained nothing the run kept: information only."""
+    e = r.entry
+    code = e.get("exit_status")
+    how = f"{e.get('status')}" + (f", exit status {code}" if code is not None else "")
+    note = describe_lost(e) or e.get("note") or ""
+    return ("info", f"{r.label()}: {r.action if r.action != 'trained' else 'its steps were redone'}"
+            f" ({how}{': ' + str(note) if note else ''}); trained nothing the run kept")
 
 
 def check_launches(run_dir: Path, manifest: dict) -> list[tuple[str, str]]:
     """(level, text) findings about one run's launches."""
-    entries = manifest.get("launches") or []
-    if not entries:
+    records = read_launches(manifest)
+    if not records:
         return [("caveat", "no launch recorded in manifest.json")]
     out: list[tuple[str, str]] = []
-    n = len(entries)
-    # Later launches continue the run, except those that found it finished and trained nothing.
-    idle = sum(1 for e in entries[1:] if e.get("note") == NOTHING_TO_TRAIN)
-    resumes = n - 1 - idle
+    n = len(records)
+    trained = [r for r in records if r.trained]
+    resumes = max(len(trained) - 1, 0)
+    idle = sum(1 for r in records[1:] if r.action == NOOP)
     text = f"{n} launch(es)" + (f": resumed {resumes} time(s)" if resumes else "")
     if idle:
         text += f"; {idle} found the run already complete and trained nothing"
     out.append(("caveat" if resumes else "info", text))
-    prev_end = None
-    for i, e in enumerate(entries, start=1):
-        lid = str(e.get("launch_id", f"#{i}"))
+    last_trained = trained[-1].index if trained else None
+    prev_end, prev = None, None
+    for r in records:
+        e, i = r.entry, r.index
         start, end = _time(e.get("start")), _time(e.get("end"))
         if prev_end and start:
             gap = (start - prev_end).total_seconds()
             if gap < 0:
-                out.append(("caveat", f"launch {i} ({lid}) started {_duration(-gap)} before launch "
+                both = r.trained and prev is not None and prev.trained
+                out.append(("caveat" if both else "info",
+                            f"launch {i} ({r.launch_id}) started {_duration(-gap)} before launch "
                             f"{i - 1} ended: overlapping launches (duplicate orchestrator?)"))
             else:
-                out.append(("info", f"gap of {_duration(gap)} before launch {i} ({lid})"))
-        out.extend(_status_findings(i, n, lid, e.get("status"), e.get("exit_status")))
-        if e.get("log"):
-            problem = header_problem(Path(run_dir) / e["log"], lid)
-            if problem:
-                out.append(("caveat", f"launch {i} ({lid}): {problem}"))
+                out.append(("info", f"gap of {_duration(gap)} before launch {i} ({r.launch_id})"))
+        if r.trained or (r.index == n and not trained):
+            finished_later = any(x.entry.get("status") == COMPLETE for x in records[i:])
+            out.extend(_status_findings(r, i == last_trained or not trained, finished_later,
+                                        e.get("status"), e.get("exit_status")))
         else:
-            out.append(("caveat", f"launch {i} ({lid}) records no log"))
-        prev_end = end or prev_end
+            out.append(_idle_finding(r))
+        level = "caveat" if r.trained else "info"
+        if e.get("log"):
+            problem = header_problem(Path(run_dir) / e["log"], r.launch_id)
+            if problem:
+                out.append((level, f"launch {i} ({r.launch_id}): {problem}"))
+        else:
+            out.append((level, f"launch {i} ({r.launch_id}) records no log"))
+        prev_end, prev = end or prev_end, r
     return out

@@ -10,8 +10,9 @@ float16, bfloat16 or float32, stored as `.pt` (torch.save), `.npy` or `.safetens
   rejected without being unpickled.
 - `source_stats` / `source_fingerprint` use `os.stat` only (path, size, mtime_ns), so a
   cache hit opens no chunk file. Trade-off, chosen deliberately: a rewrite that keeps
-  both size and mtime_ns is not noticed (`aleph targets verify --full` re-hashes the
-  stored rows; rebuild with a fresh output directory when sources are edited in place).
+  both size and mtime_ns is not noticed by the cache (`aleph targets verify --sources`
+  compares the sources' rows with the store's; rebuild into a fresh output directory when
+  sources are edited in place).
 """
 
 from __future__ import annotations
@@ -171,6 +172,16 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
     return shape[0], shape[1], name, 8 + n + begin, key
 
 
+def _unpickler_reason(e: Exception) -> str:
+    """The one sentence of torch's multi-line weights_only refusal that names the object."""
+    text = str(e)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        reason = text.split(marker, 1)[1].strip().splitlines()[0]
+        return reason.split(". ", 1)[0].rstrip(".")
+    return " ".join(text.split())[:200] or type(e).__name__
+
+
 def _load_pt(path: str) -> tuple[torch.Tensor, str | None]:
     """Load a .pt with weights_only=True (mapped when possible) and pick its one tensor."""
     try:
@@ -185,10 +196,10 @@ def _load_pt(path: str) -> tuple[torch.Tensor, str | None]:
     except PermissionError:
         raise StoreError(f"{path}: chunk file is not readable (permission denied)") from None
     except pickle.UnpicklingError as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise StoreError(
-            f"{path}: refused: the .pt holds objects other than tensors, and .pt chunks are "
-            f"only loaded with weights_only=True (nothing was unpickled): {first}"
+            f"{path}: refused: the .pt holds objects other than tensors ({_unpickler_reason(e)}); "
+            ".pt chunks are only loaded with weights_only=True, so nothing was unpickled: save "
+            "the tensor alone (torch.save(tensor, path)) or as .npy/.safetensors"
         ) from None
     except Exception as e:  # zip/pickle corruption surfaces as many types
         first = str(e).splitlines()[0] if str(e) else ""

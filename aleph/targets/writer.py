@@ -9,7 +9,6 @@ dirty pages, whatever the store size.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import sys
@@ -18,13 +17,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from aleph._io import DISK_FULL_ERRNOS, check_free_space, free_bytes
 from aleph.errors import StoreError
 from aleph.targets.format import DTYPES
 
 DEFAULT_FLUSH_BYTES = 64 << 20
 NONFINITE_MODES = ("warn", "fail")
 _MAX_LISTED = 10  # row numbers listed per chunk in reports
-_DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_DISK_FULL = DISK_FULL_ERRNOS
 
 
 @dataclass
@@ -51,24 +51,37 @@ def fault_point(name: str, index: int = 0) -> None:
         time.sleep(60)
 
 
-def disk_error(path: str, e: OSError, what: str) -> StoreError:
+def disk_error(path: str, e: OSError, what: str, needed: int | None = None) -> StoreError:
+    """One line naming the file; for a full disk also the bytes needed vs free."""
     if e.errno in _DISK_FULL:
+        free = free_bytes(os.path.dirname(path) or ".")
+        room = (f"needs {needed:,} B, " if needed is not None else "") + (
+            f"{free:,} B free" if free is not None else "free space unknown")
         return StoreError(
-            f"{path}: disk full or file size limit reached while {what} ({e.strerror}); "
-            "free space (the store needs its full size up front) and rebuild"
+            f"{path}: disk full or file size limit reached while {what} ({e.strerror}): "
+            f"{room}; free space (the store needs its full size up front) and rebuild"
         )
     return StoreError(f"{path}: I/O error while {what} ({e.strerror})")
 
 
 def preallocate(path: str, nbytes: int) -> int:
-    """Create `path` with exactly `nbytes` reserved (disk-full fails here, not mid-build)."""
+    """Create `path` with exactly `nbytes` reserved (disk-full fails here, not mid-build).
+
+    The free space is checked first (QuotaError naming the file, bytes needed vs free), so
+    a store that cannot fit is refused before anything is written.
+    """
+    try:  # a leftover file of an earlier build is truncated below: its blocks count as free
+        held = os.stat(path).st_blocks * 512
+    except OSError:
+        held = 0
+    check_free_space(path, nbytes - min(held, nbytes), "the target store's data file")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as e:
         os.close(fd)
         os.unlink(path)
-        raise disk_error(path, e, f"reserving {nbytes:,} bytes") from None
+        raise disk_error(path, e, f"reserving {nbytes:,} bytes", nbytes) from None
     return fd
 
 

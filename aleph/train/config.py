@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -58,6 +59,14 @@ class TrainConfig:
     store_implementation: str = "auto"
     """Target store: 'auto' lets the store's quota planner choose (choice and reason are logged),
     or force 'streaming' (memmap) or 'in_ram'."""
+    store_headroom_gib: float = 16.0
+    """Memory the target store planner keeps free beside the store for the rest of the process
+    (CUDA context, model and optimiser host copies, token store, interpreter), in GiB: an
+    implementation is allowed when its predicted peak <= memory limit - headroom."""
+    allow_input_change: bool = False
+    """Let a resumed launch continue although its target or token store's content differs from
+    what the run trained on so far (refused by default, naming both content hashes). The change
+    is logged and recorded in this launch's manifest.json entry (input_change_allowed)."""
 
     # --- model shape ----------------------------------------------------------------
     max_len: int = 128
@@ -156,6 +165,10 @@ class TrainConfig:
     """TensorBoard scalar cadence in steps (health gauges at the same cadence)."""
     progress_every_seconds: float = 30.0
     """Console progress/ETA line cadence."""
+    heartbeat_seconds: float = 5.0
+    """Rewrite launches/<launch id>.heartbeat.json (step, RSS, memory cgroup usage, limit and
+    OOM-kill counter) every this many seconds, so the next launch can say how a launch that
+    vanished ended (e.g. "likely killed by the cgroup OOM killer at X of Y bytes")."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -166,6 +179,11 @@ def _check_values(c: TrainConfig) -> None:
     def bad(name: str, expected: str) -> ConfigError:
         return ConfigError(f"config field {name!r}: got {getattr(c, name)!r}, expected {expected}")
 
+    for f in fields(c):  # inf/nan pass every comparison below that is written as `not x > 0`
+        value = getattr(c, f.name)
+        numbers = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
+            raise bad(f.name, "a finite number")
     if c.arm not in ARMS:
         raise bad("arm", f"one of {', '.join(ARMS)}")
     if c.store_implementation not in STORE_IMPLEMENTATIONS:
@@ -179,12 +197,12 @@ def _check_values(c: TrainConfig) -> None:
     for name in positive:
         if getattr(c, name) <= 0:
             raise bad(name, "a positive integer")
-    for name in ("lr", "tau", "eps", "address_tau", "progress_every_seconds"):
+    for name in ("lr", "tau", "eps", "address_tau", "progress_every_seconds", "heartbeat_seconds"):
         if not getattr(c, name) > 0:
             raise bad(name, "a positive number")
     nonneg = ("seed", "warmup_steps", "max_steps", "ckpt_every_steps", "weights_every_steps",
               "num_threads", "weight_decay", "grad_clip", "ckpt_every_minutes", "vram_required_gib",
-              "w_nce", "w_mse", "min_lr_ratio")
+              "w_nce", "w_mse", "min_lr_ratio", "store_headroom_gib")
     for name in nonneg:
         if getattr(c, name) < 0:
             raise bad(name, "a number >= 0")
@@ -230,6 +248,13 @@ def _check_types(c: TrainConfig) -> None:
         if not _type_ok(f.type, value):
             raise ConfigError(f"config field {f.name!r}: got {value!r} ({type(value).__name__}), "
                               f"expected {f.type}")
+        # An int where a float is declared (`--set alloc_cap_fraction=1`, `lr: 1` in YAML)
+        # becomes a float here: torch 2.4.1 APIs such as set_per_process_memory_fraction
+        # raise TypeError on an int, and the echoed config shows what was used.
+        if f.type in ("float", "float | None") and isinstance(value, int):
+            object.__setattr__(c, f.name, float(value))
+        elif f.type == "tuple[float, float]" and any(isinstance(x, int) for x in value):
+            object.__setattr__(c, f.name, tuple(float(x) for x in value))
 
 
 def _type_ok(annotation: str, value: Any) -> bool:
@@ -281,6 +306,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from e
+    kind = path.suffix.lstrip(".") or "json"
     try:
         if path.suffix in (".yaml", ".yml"):
             import yaml
@@ -288,11 +314,23 @@ def load_file(path: str | Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
         else:
             data = json.loads(text)
-    except Exception as e:  # json/yaml parse errors carry line numbers in their message
-        raise ConfigError(f"config file {path}: not valid {path.suffix.lstrip('.') or 'json'}: {e}") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid {kind} at line {e.lineno}, column "
+                          f"{e.colno}: {e.msg}") from None
+    except Exception as e:  # yaml.YAMLError: one line from its mark, not its multi-line dump
+        raise ConfigError(f"config file {path}: not valid {kind}{_yaml_where(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping of field names, got {type(data).__name__}")
     return data
+
+
+def _yaml_where(e: Exception) -> str:
+    """' at line L, column C: <problem> (<context>)' of a PyYAML error, 1-based, one line."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or " ".join(str(e).split())
+    context = getattr(e, "context", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{where}: {problem}" + (f" ({context})" if context else "")
 
 
 # A decimal number as people write it. YAML 1.1 (PyYAML) reads "1e-3" and "5e-4" as
@@ -407,11 +445,14 @@ def echo(cfg: TrainConfig) -> str:
     return json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"))
 
 
-# Fields that may change between launches of one run without changing what it computes.
+# Fields that may change between launches of one run: they do not change what the run
+# trains, but num_threads and device change the floating-point rounding (each launch records
+# its execution facts; `aleph runs diff` names such a change as not bitwise comparable).
 RESUMABLE_CHANGES = frozenset({
     "ckpt_every_steps", "ckpt_every_minutes", "keep_checkpoints", "weights_every_steps",
     "log_every_steps", "progress_every_seconds", "alloc_cap_fraction", "vram_probe",
     "vram_required_gib", "num_threads", "hf_token", "device", "store_implementation",
+    "allow_input_change", "heartbeat_seconds", "store_headroom_gib",
 })
 
 

@@ -119,39 +119,64 @@ def _config_sha(s) -> str:
     return sha256_json(to_dict(s.cfg))
 
 
+# The executed-code tracer (aleph.record.fingerprint) covers the CLI, preflight and this
+# many steps, then only the loop's rare events (logging, saves, stop, the end).
+TRACED_STEPS = 2
+
+
 def fit(s) -> tuple[str, str]:
     """Run steps until the end, a stop signal, or an error; returns (status, note)."""
     stop = s.stop
     stop.set_mode("flag")  # from the first step on: finish the step, save, then stop
+    s.monitor.step_from = s.monitor.step = s.pos.step
+    s.monitor.phase = "training"
+    if s.manifest is not None:
+        s.manifest.record(steps={"from": s.pos.step, "to": s.pos.step})
     if s.pos.step >= s.total_steps:
         s.log(f"run already complete at step {s.pos.step}; nothing to train")
         finish(s, None)
         return "complete", outputs.NOTHING_TO_TRAIN
     rep, clock = Reporter(s, s.pos.step), Clock(s.pos.train_seconds)
     pause = loop.pause_step()
+    traced_until = s.pos.step + TRACED_STEPS
     s.net.train()
     try:
         while s.pos.step < s.total_steps:
             res = one_step(s)
             s.pos = advance(s.pos, s.order.steps_per_epoch, s.cfg.batch_size, clock.train_seconds())
-            rep.after_step(s.pos.step, res)
-            saved, stopping = after_step_saves(s, stop, clock)
+            s.monitor.step = s.pos.step
+            if s.pos.step == traced_until:
+                close_trace_window(s)
+            with s.tracer.during():  # the rare events: logging, saves, stop
+                rep.after_step(s.pos.step, res)
+                saved, stopping = after_step_saves(s, stop, clock)
             if pause is not None and s.pos.step == pause:
                 wait_for_signal(s, stop, rep)
                 stopping = s.world.any_flag(stop.is_set())[0]
             if stopping and s.pos.step < s.total_steps:
-                if not saved:
-                    save_state(s)
-                if s.world.is_main:
-                    rep.write_metrics(s.pos.step)
+                with s.tracer.during():
+                    if not saved:
+                        save_state(s)
+                    if s.world.is_main:
+                        rep.write_metrics(s.pos.step)
                 who = stop.signame or "a signal on another rank"
                 s.log(f"stopped by {who} after step {s.pos.step}; resume state saved; "
                       "a restart resumes from it")
                 return "stopped", f"{stop.signame or 'signal'} after step {s.pos.step}"
-        finish(s, rep)
+        with s.tracer.during():
+            finish(s, rep)
         return "complete", f"{s.pos.step} steps"
     finally:
         rep.close()  # the stop handlers are restored by run.train(), which installed them
+
+
+def close_trace_window(s) -> None:
+    """End the traced window after the first steps and record what ran so far (rewritten
+    with the later rare events when the launch ends)."""
+    s.tracer.close_window(f"from the CLI through step {s.pos.step}, then logging, resume "
+                          "states, weights, stop and the end of the launch")
+    if s.manifest is not None:
+        outputs.write_executed(s.manifest, s.tracer, s.launch_id)
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Run identity: the run lock, launch ids, per-launch console logs, code provenance.
+"""Run identity: the run lock, launch ids, per-launch console logs.
 
 The seed's a1-s1 console log was corrupted by a duplicate orchestrator that opened the
 same fixed log path with a truncating redirect. Here a run directory is guarded by an
@@ -9,17 +9,20 @@ nothing), and every launch appends to its own log, every line tagged with its la
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import socket
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
 from aleph.errors import RunLocked
+from aleph.record.provenance import (  # noqa: F401  (code provenance lives there; re-exported)
+    code_revision,
+    package_dir,
+    source_sha256,
+)
 
 LOCK_FILE = "run.lock"
 LAUNCH_DIR = "launches"
@@ -107,42 +110,3 @@ class LaunchLog:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-
-
-# --- code provenance ---------------------------------------------------------------------
-
-def package_dir() -> Path:
-    import aleph
-
-    return Path(aleph.__file__).resolve().parent
-
-
-def code_revision() -> str:
-    """aleph/REVISION (baked into the image), else the git revision (+'-dirty'), else 'unknown'."""
-    baked = package_dir() / "REVISION"
-    if baked.is_file():
-        text = baked.read_text(encoding="utf-8").strip()
-        if text:
-            return text
-    src = package_dir().parent
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True,
-                             text=True, timeout=10)
-        if rev.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "aleph"], cwd=src,
-                               capture_output=True, text=True, timeout=10)
-        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def source_sha256() -> str:
-    """Content hash of the aleph package actually executing: sorted *.py paths and bytes."""
-    root = package_dir()
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
-    return h.hexdigest()
-

@@ -13,15 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from aleph._io import atomic_write_json, read_json
-from aleph.train.identity import code_revision, hostname, source_sha256, utc_now
-
-# Launch statuses in manifest.json: 'running' while the launch lives; then 'complete' (all
-# steps done), 'stopped' (SIGTERM/SIGINT: exit 0, resumable), 'failed' (an error, with its
-# exit status) or 'lost' (set by a later launch for one that died without recording its end).
-RUNNING, COMPLETE, STOPPED, FAILED, LOST = "running", "complete", "stopped", "failed", "lost"
-STATUSES = (RUNNING, COMPLETE, STOPPED, FAILED, LOST)
-# Note of a launch that found the run already finished and trained nothing (not a resume).
-NOTHING_TO_TRAIN = "already complete"
+from aleph.record import heartbeat, provenance
+from aleph.record.launch import (  # noqa: F401  (re-exported: the trainer's statuses)
+    ACTIONS,
+    COMPLETE,
+    FAILED,
+    LOST,
+    NOTHING,
+    NOTHING_TO_TRAIN,
+    RESUMED,
+    RUNNING,
+    STATUSES,
+    STOPPED,
+    TRAINED,
+)
+from aleph.train.identity import LAUNCH_DIR, hostname, utc_now
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"
@@ -29,17 +35,13 @@ CONFIG = "config.json"
 TB_DIR = "tb"
 
 
-def environment_summary() -> dict[str, Any]:
-    """`aleph env check`'s summary; a clear marker instead if it cannot be produced."""
-    try:
-        from aleph.env.check import environment_summary as summary
-    except ImportError as e:
-        return {"error": f"aleph.env.check unavailable: {e}"}
-    return summary()
-
-
 class Manifest:
-    """manifest.json of one run directory."""
+    """manifest.json of one run directory (the launch entry schema: aleph.record.launch).
+
+    Each launch writes only its own entry of `launches[]`. The top-level `code_revision`,
+    `source_sha256` and `environment` are written once, by the run's first launch, for
+    readers that predate per-launch records; they are never overwritten.
+    """
 
     def __init__(self, run_dir: Path, run_id: str, arm: str, seed: int) -> None:
         self.path = Path(run_dir) / MANIFEST
@@ -47,37 +49,130 @@ class Manifest:
             self.data = read_json(self.path)
         else:
             self.data = {"run_id": run_id, "arm": arm, "seed": seed, "launches": []}
-        for launch in self.data["launches"]:
+        self.lost: list[str] = []  # one line per launch found lost, for the launch log
+        for i, launch in enumerate(self.data["launches"], start=1):
             if launch.get("status") == RUNNING:
-                launch["status"] = LOST
-                launch["note"] = "ended without recording its end (killed: SIGKILL, OOM or host loss)"
+                self._mark_lost(i, launch)
 
-    def start_launch(self, launch_id: str, log: str, world_size: int) -> None:
+    def _mark_lost(self, i: int, launch: dict[str, Any]) -> None:
+        """A launch that died without recording its end: its last heartbeat, and the cgroup
+        OOM killer named when the evidence says so (aleph.record.heartbeat)."""
+        lid = str(launch.get("launch_id"))
+        found = heartbeat.diagnose_lost(heartbeat.read_heartbeat(self.path.parent / LAUNCH_DIR, lid))
+        launch["status"] = LOST
+        launch["note"] = found["diagnosis"]
+        launch["lost"] = found
+        hb = found["last_heartbeat"] or {}
+        steps = launch.setdefault("steps", {"from": None, "to": None})
+        if isinstance(hb.get("step"), int):
+            steps["to"] = hb["step"]
+        if steps.get("from") is None and isinstance(hb.get("step_from"), int):
+            steps["from"] = hb["step_from"]
+        start, to = steps.get("from"), steps.get("to")
+        if isinstance(start, int) and isinstance(to, int) and to > start:
+            launch["action"] = RESUMED if start else TRAINED
+        elif hb:  # alive until its last heartbeat without finishing a step
+            launch["action"] = NOTHING
+        # else: no heartbeat (a launch written before heartbeats): its effect is unknown
+        self.lost.append(f"launch {i} ({lid}) lost: {found['diagnosis']}")
+
+    def start_launch(self, launch_id: str, log: str, world_size: int,
+                     code: dict[str, Any] | None = None) -> None:
+        """Append this launch's entry with what it executes and on what. `code`: the
+        launch's {revision, dirty, source_sha256} (from the snapshot its tracer took)."""
+        env = provenance.environment_summary()
+        code = code or provenance.code_record()
         self.data["launches"].append({
             "launch_id": launch_id, "start": utc_now(), "end": None, "exit_status": None,
             "status": RUNNING, "host": hostname(), "pid": os.getpid(), "log": log,
-            "world_size": world_size,
+            "world_size": world_size, "code": code, "environment": env,
+            "envelope": provenance.envelope(env), "steps": {"from": None, "to": None},
         })
-        self.data["code_revision"] = code_revision()
-        self.data["source_sha256"] = source_sha256()
-        self.data["environment"] = environment_summary()
+        for key, value in (("code_revision", code["revision"]),
+                           ("source_sha256", code["source_sha256"]), ("environment", env)):
+            self.data.setdefault(key, value)  # the first launch's, never overwritten
+        self.write()
+
+    @property
+    def launch(self) -> dict[str, Any]:
+        """This launch's own entry (the last one)."""
+        return self.data["launches"][-1]
+
+    def record(self, **fields: Any) -> None:
+        """Set fields of this launch's own entry (e.g. execution, steps) and write."""
+        self.launch.update(fields)
+        self.write()
+
+    def record_executed(self, sidecar: str, rec: dict[str, Any]) -> None:
+        """Point this launch's code record at its executed-code file (launches/<id>.code.json)."""
+        self.launch["code"]["executed"] = {
+            "file": sidecar, "functions": rec["functions"], "window": rec["window"],
+            "traced_seconds": rec["traced_seconds"], "unavailable": rec["unavailable"]}
         self.write()
 
     def set_store(self, store_info: dict[str, Any]) -> None:
         self.data["target_store"] = store_info
         self.write()
 
-    def end_launch(self, exit_status: int, status: str, note: str = "") -> None:
+    def trained_inputs(self) -> dict[str, Any] | None:
+        """The stores the run trained on so far: {"from", "target_store", "token_store"}.
+
+        From the newest earlier launch that recorded `inputs` (written by `record_inputs`
+        once a launch's stores passed the resume check); for a manifest written before
+        per-launch records existed, from its top-level `target_store` (target content hash,
+        token store directory key). None when nothing is recorded.
+        """
+        for launch in reversed(self.data["launches"][:-1]):
+            inputs = launch.get("inputs")
+            if isinstance(inputs, dict):
+                return {"from": f"launch {launch.get('launch_id')}", **inputs}
+        store = self.data.get("target_store")
+        if isinstance(store, dict) and isinstance(store.get("content_sha256"), str):
+            token = store.get("token_store")
+            return {"from": f"{MANIFEST} target_store",
+                    "target_store": {"content_sha256": store["content_sha256"]},
+                    "token_store": {"key": Path(token).name} if isinstance(token, str) else {}}
+        return None
+
+    def record_inputs(self, inputs: dict[str, Any], allowed: dict[str, Any] | None = None) -> None:
+        """Record this launch's stores in its own launch entry (earlier launches keep theirs),
+        and, when a change was let through with allow_input_change, what changed."""
+        launch = self.data["launches"][-1]
+        launch["inputs"] = inputs
+        if allowed:
+            launch["input_change_allowed"] = allowed
+        self.write()
+
+    def end_launch(self, exit_status: int, status: str, note: str = "",
+                   action: str | None = None, step_to: int | None = None) -> None:
         if status not in STATUSES:  # programming error: readers (aleph runs diff) key on these
             raise ValueError(f"launch status {status!r}: expected one of {', '.join(STATUSES)}")
-        launch = self.data["launches"][-1]
+        if action is not None and action not in ACTIONS:
+            raise ValueError(f"launch action {action!r}: expected one of {', '.join(ACTIONS)}")
+        launch = self.launch
         launch.update({"end": utc_now(), "exit_status": exit_status, "status": status})
         if note:
             launch["note"] = note
+        if action is not None:
+            launch["action"] = action
+        if step_to is not None:
+            launch.setdefault("steps", {"from": None, "to": None})["to"] = step_to
         self.write()
 
     def write(self) -> None:
         atomic_write_json(self.path, self.data)
+
+
+def write_executed(manifest: Manifest, tracer, launch_id: str) -> None:
+    """launches/<launch id>.code.json: the functions of aleph/ this launch executed
+    (aleph.record.fingerprint), referenced from its manifest entry."""
+    rel = f"{LAUNCH_DIR}/{launch_id}.code.json"
+    rec = tracer.record()
+    try:
+        atomic_write_json(manifest.path.parent / rel, rec)
+    except OSError:  # the record is evidence, not a reason to fail the launch
+        return
+    manifest.record_executed(rel, rec)
 
 
 def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:

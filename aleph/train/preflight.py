@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from aleph._io import atomic_write_json, read_json, sha256_json, work_root
-from aleph.errors import ConfigError, QuotaError, StoreError
+from aleph.errors import ConfigError, DataError, QuotaError, StoreError
 from aleph.train.config import TrainConfig
 from aleph.train.distributed import World
 
@@ -95,6 +95,76 @@ def resolve_sources(cfg: TrainConfig) -> Sources:
     return Sources(cfg.captions, expand_targets(cfg.targets), cfg.tokenizer, cfg.captions_column)
 
 
+@dataclass
+class Inputs:
+    """What `check_inputs` found, handed to the launch so nothing is read twice."""
+
+    sources: Sources
+    tokenizer: Any = None
+    """The loaded tokenizer (rank 0; other ranks load their own)."""
+    captions_sha256: str | None = None
+    captions: Any = None
+    """The captions' source (`aleph.data.captions.CaptionSource`, read lazily) if they had to
+    be hashed (no memoised digest), for the token store build."""
+
+
+def check_inputs(cfg: TrainConfig) -> Inputs:
+    """Data-level checks that run before the run directory is created (rank 0).
+
+    Captions exist and have rows, target chunks exist and are well-formed, the tokenizer
+    loads, captions and targets have equal row counts. A failure raises DataError,
+    StoreError or ConfigError naming the input, and a refused launch leaves no trace in
+    runs/. Cheap on a resumed launch: the target row count comes from the cached store's
+    manifest (stat only) or the chunk headers, the caption count from the cached token
+    store found through the memoised captions hash, else the caption source's own count
+    (parquet footer, newline count): the captions are never held in memory.
+    """
+    from aleph.data.captions import check_aligned, open_captions
+    from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+    from aleph.data.tokens import open_token_store, token_store_dir
+
+    src = resolve_sources(cfg)
+    tokenizer = load_tokenizer(src.tokenizer)
+    target_rows = _target_rows(src.targets)
+    load = functools.partial(open_captions, column=src.captions_column)  # streamed, never a list
+    digest, captions = captions_digest(src.captions, load, src.captions_column)
+    rows = None
+    if captions is None:
+        cached = token_store_dir(digest, tokenizer_fingerprint(tokenizer), cfg.max_len)
+        if cached.exists():
+            try:
+                rows = open_token_store(cached).rows
+            except StoreError:
+                rows = None  # prepare_tokens reports a broken store; count the captions here
+        if rows is None:
+            captions = load(src.captions)
+    if captions is not None:
+        rows = captions.count_rows()  # parquet footer / newline count: captions not held
+    if not rows:
+        raise DataError(f"captions source {src.captions}: no rows; expected one caption per "
+                        f"target row ({target_rows:,})")
+    check_aligned(rows, target_rows, f"captions {src.captions}",
+                  f"targets ({len(src.targets)} chunk file(s) from {src.targets[0]})")
+    return Inputs(src, tokenizer, digest, captions)
+
+
+def _target_rows(paths: list[str]) -> int:
+    """Rows of the target chunks: from the cached store's manifest when it matches, else
+    from the chunk headers (which also checks every chunk is readable and well-formed)."""
+    from aleph.targets import describe_sources, source_fingerprint, store_dir_for
+    from aleph.targets.sources import source_stats
+    from aleph.targets.store import load_manifest
+
+    fp = source_fingerprint(source_stats(paths))
+    try:
+        manifest = load_manifest(store_dir_for(paths))
+        if manifest["source_fingerprint"] == fp:
+            return manifest["rows"]
+    except StoreError:
+        pass
+    return sum(info.rows for info in describe_sources(paths))
+
+
 def expand_targets(paths: tuple[str, ...]) -> list[str]:
     """Files as given; a directory becomes its chunk files in row order, exactly as
     `aleph targets build DIR` reads it (`aleph.targets.sources.chunk_files_in`), so both
@@ -121,7 +191,8 @@ def prepare_targets(cfg: TrainConfig, sources: list[str], world: World, log) -> 
     from aleph.targets import cached_store, ensure_store, plan, source_fingerprint, store_dir_for
     from aleph.targets.sources import source_stats
 
-    p = plan(sources, read_envelope().memory_limit_bytes)
+    headroom = int(cfg.store_headroom_gib * GIB)
+    p = plan(sources, read_envelope().memory_limit_bytes, headroom)
     impl = p.choice if cfg.store_implementation == "auto" else cfg.store_implementation
     if impl is None:
         raise QuotaError(f"no target store implementation fits: {p.reason}")
@@ -133,7 +204,7 @@ def prepare_targets(cfg: TrainConfig, sources: list[str], world: World, log) -> 
     log(f"target store: {impl} ({origin}): {p.reason}")
     store_dir = store_dir_for(sources)
     hit = cached_store(store_dir, source_fingerprint(source_stats(sources)), impl) is not None
-    store = ensure_store(sources, implementation=impl)
+    store = ensure_store(sources, implementation=impl, headroom_bytes=headroom)
     log(f"target store: {'cache hit' if hit else 'built'} {store!r}")
     return store
 
@@ -183,18 +254,23 @@ def captions_digest(source: str, load, column: str = "caption") -> tuple[str, li
     return digest, captions
 
 
-def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log) -> Any:
+def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log,
+                   known: tuple[str, Any] | None = None) -> Any:
     """Open the cached token store of (captions, tokenizer, max_len) or build it (rank 0).
 
     The store directory is `aleph.data.tokens.token_store_dir` of the captions' content
-    hash, so `aleph data tokens` and training find each other's stores.
+    hash, so `aleph data tokens` and training find each other's stores. `known`: the
+    (captions sha256, caption source or None) that `check_inputs` already found.
     """
-    from aleph.data.captions import load_captions
+    from aleph.data.captions import open_captions
     from aleph.data.tokenizer import tokenizer_fingerprint
     from aleph.data.tokens import build_token_store, open_token_store, token_store_dir
 
-    load = functools.partial(load_captions, column=src.captions_column)
-    digest, captions = captions_digest(src.captions, load, src.captions_column)
+    load = functools.partial(open_captions, column=src.captions_column)  # streamed, never a list
+    if known is not None:
+        digest, captions = known
+    else:
+        digest, captions = captions_digest(src.captions, load, src.captions_column)
     fp = tokenizer_fingerprint(tokenizer)
     out = token_store_dir(digest, fp, cfg.max_len)
     if out.exists():
@@ -208,6 +284,6 @@ def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log) -> Any:
         return store
     if captions is None:
         captions = load(src.captions)
-    store = build_token_store(captions, tokenizer, out, cfg.max_len)
+    store = build_token_store(captions, tokenizer, out, cfg.max_len, expect_sha256=digest)
     log(f"token store: built {out} ({store.rows:,} rows x {store.max_len})")
     return store

@@ -1,9 +1,12 @@
-"""One launch of one run: lock, header, stores, model, resume, loop, outputs.
+"""One launch of one run: input checks, lock, header, stores, model, resume, loop, outputs.
 
-Order matters and is the contract of the seed's laws: the run lock is taken before
-anything is written; the header (launch id, allocator cap, VRAM probe, config echo,
-resume line) is printed once per launch before any training; rank 0 is the only
-writer of the run directory, other ranks write only their own per-rank launch log.
+Order matters and is the contract of the seed's laws: the inputs (captions, targets,
+tokenizer, row counts) are checked before the run directory is created, so a refused
+launch leaves no `runs/<name>/` behind and changes nothing in an existing one; the run
+lock is taken before anything is written into the run directory; the header (launch id,
+allocator cap, VRAM probe, config echo, resume line) is printed once per launch before
+any training; rank 0 is the only writer of the run directory, other ranks write only
+their own per-rank launch log.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ import torch
 
 from aleph._io import atomic_write_json, read_json, work_root
 from aleph.errors import AlephError, ConfigError, RunLocked
-from aleph.train import outputs
+from aleph.record import heartbeat, provenance
+from aleph.record.fingerprint import Tracer
+from aleph.record.launch import choose_action
+from aleph.train import outputs, preflight
 from aleph.train.checkpoint import complete_steps
 from aleph.train.config import TrainConfig, check_same_run, to_dict
 from aleph.train.distributed import World, check_divisible, init_world
@@ -29,30 +35,55 @@ def run_dir_for(cfg: TrainConfig) -> Path:
     return work_root() / "runs" / f"{cfg.arm}-s{cfg.seed}"
 
 
-def train(cfg: TrainConfig) -> int:
-    """Run (or resume) `runs/<arm>-s<seed>`; returns the exit code (0 also when stopped)."""
+def train(cfg: TrainConfig, tracer: Tracer | None = None) -> int:
+    """Run (or resume) `runs/<arm>-s<seed>`; returns the exit code (0 also when stopped).
+
+    `tracer`: the executed-code tracer the CLI started before resolving the config
+    (aleph.record.fingerprint); one is started here for other callers.
+    """
+    tracer = tracer if tracer is not None else Tracer().start()
     wants_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.hf_token:  # huggingface_hub reads it for gated captions/tokenizer downloads
         os.environ["HF_TOKEN"] = cfg.hf_token
     if cfg.deterministic and wants_cuda:  # must precede the first cuBLAS handle
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     world = init_world("cuda" if wants_cuda else "cpu")
-    check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
-    run_dir = run_dir_for(cfg)
-    lock = RunLock(run_dir)
-    stop = None
+    lock, stop = None, None
     try:
+        check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
+        inputs = _checked_inputs(cfg, world)  # before the run directory exists
+        run_dir = run_dir_for(cfg)
+        lock = RunLock(run_dir)
         launch_id = _lock_and_name(lock, world)
         # Stop handlers from the moment the lock is held: a SIGTERM/SIGINT during store
         # builds must end this launch as 'stopped', not kill it (the next launch would
         # then find it 'running' and mark it 'lost').
         stop = StopFlag("flag")
-        return _launch(cfg, world, run_dir, launch_id, stop)
+        return _launch(cfg, world, run_dir, launch_id, stop, inputs, tracer)
     finally:
+        tracer.close_window()
         if stop is not None:
             stop.restore()
-        lock.release()
+        if lock is not None:
+            lock.release()
         world.shutdown()
+
+
+def _checked_inputs(cfg: TrainConfig, world: World) -> preflight.Inputs:
+    """Rank 0 checks the inputs (preflight.check_inputs); every rank gets its sources or
+    raises rank 0's refusal, so all ranks stop alike and nothing has been written."""
+    if world.is_main:
+        try:
+            inputs = preflight.check_inputs(cfg)
+        except (AlephError, OSError) as e:
+            world.broadcast_object(e)
+            raise
+        world.broadcast_object(inputs.sources)
+        return inputs
+    got = world.broadcast_object(None)
+    if isinstance(got, BaseException):
+        raise got
+    return preflight.Inputs(got)
 
 
 def _lock_and_name(lock: RunLock, world: World) -> str:
@@ -70,21 +101,28 @@ def _lock_and_name(lock: RunLock, world: World) -> str:
     return verdict[1]
 
 
-def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop: StopFlag) -> int:
+def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop: StopFlag,
+            inputs: preflight.Inputs, tracer: Tracer) -> int:
     name = f"{launch_id}.log" if world.is_main else f"{launch_id}.rank{world.rank}.log"
     tag = launch_id if world.is_main else f"{launch_id}/rank{world.rank}"
     # Only rank 0 echoes to the console: torchrun interleaves every rank's stdout.
     log = LaunchLog(run_dir / LAUNCH_DIR / name, tag, echo=sys.stdout if world.is_main else None)
     manifest = None
+    code = provenance.code_record(tracer.files)  # the snapshot the tracer hashes
+    # Rank 0's heartbeat (launches/<launch id>.heartbeat.json); other ranks only keep state.
+    beat = heartbeat.heartbeat_path(run_dir / LAUNCH_DIR, launch_id) if world.is_main else None
+    monitor = heartbeat.LaunchMonitor(beat, launch_id, cfg.heartbeat_seconds, tracer.in_this_thread)
     try:
         if world.is_main:
             _check_config(run_dir, cfg, log)
             manifest = outputs.Manifest(run_dir, run_dir.name, cfg.arm, cfg.seed)
-            manifest.start_launch(launch_id, f"{LAUNCH_DIR}/{name}", world.size)
+            manifest.start_launch(launch_id, f"{LAUNCH_DIR}/{name}", world.size, code)
+            monitor.start()
         # The launch is on record: from here until the first step a signal interrupts at
         # once (raises StopRequested, also for a signal that came in meanwhile).
         stop.set_mode("interrupt")
-        session = Session(cfg, world, run_dir, launch_id, log, manifest, stop)
+        session = Session(cfg, world, run_dir, launch_id, log, manifest, stop, inputs,
+                          code=code, monitor=monitor, tracer=tracer)
         status, note = session.run()
     except StopRequested as e:
         stop.set_mode("flag")  # a signal during the bookkeeping below must not interrupt it
@@ -92,8 +130,7 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
         log(f"stopped by {e.signame} in preflight (before the first step); nothing was trained "
             "in this launch; a build it interrupted is left unmarked as complete and a restart "
             "redoes it")
-        if manifest is not None:
-            manifest.end_launch(0, "stopped", note)
+        _end(manifest, monitor, tracer, launch_id, 0, outputs.STOPPED, note, False)
         log(f"launch ended: stopped: {note}")
         log.close()
         return 0
@@ -101,15 +138,29 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
         stop.set_mode("flag")
         code = e.exit_code if isinstance(e, AlephError) else (130 if isinstance(e, KeyboardInterrupt) else 1)
         log(f"launch failed: {type(e).__name__}: {e}")
-        if manifest is not None:
-            manifest.end_launch(code, "failed", f"{type(e).__name__}: {e}")
+        _end(manifest, monitor, tracer, launch_id, code, outputs.FAILED,
+             f"{type(e).__name__}: {e}", isinstance(e, AlephError))
         log.close()
         raise
-    if manifest is not None:
-        manifest.end_launch(0, status, note)
+    _end(manifest, monitor, tracer, launch_id, 0, status, note, False)
     log(f"launch ended: {status}{': ' + note if note else ''}")
     log.close()
     return 0
+
+
+def _end(manifest: outputs.Manifest | None, monitor: heartbeat.LaunchMonitor, tracer: Tracer,
+         launch_id: str, exit_status: int, status: str, note: str, refused: bool) -> None:
+    """Record how the launch ended: status, what it did (action) and the steps it reached;
+    the last heartbeat; the executed-code record."""
+    with tracer.during():
+        monitor.stop()
+    if manifest is None:
+        return
+    with tracer.during():
+        action = choose_action(monitor.step_from, monitor.step, status, note, refused)
+        manifest.end_launch(exit_status, status, note, action, monitor.step)
+    tracer.close_window()
+    outputs.write_executed(manifest, tracer, launch_id)
 
 
 def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from aleph.cli import _command_modules, build_parser, main
 
-EXPECTED = {"data", "env", "eval", "report", "runs", "targets", "tensorboard", "train"}
+EXPECTED = {"campaign", "data", "env", "eval", "report", "runs", "targets", "tensorboard", "train"}
 
 
 def test_every_command_module_is_registered():

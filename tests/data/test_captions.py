@@ -81,6 +81,8 @@ def test_hub_ids_offline_give_a_clear_error(tmp_path):
     assert len(lines) == 2, out.stdout + out.stderr
     assert "org/captions-that-are-not-here" in lines[0] and "network" in lines[0]
     assert "bert-base-uncased" in lines[1] and "network" in lines[1]
+    # the tokenizer's offline error names the bundle a real run can use instead
+    assert "aleph data fetch" in lines[1] and str(tmp_path / "data" / "offline") in lines[1]
 
 
 @pytest.mark.parametrize("name,body", [("c.jsonl", b'{"caption": "a"}\n{"caption": "\xff"}\n'),

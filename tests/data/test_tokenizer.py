@@ -65,3 +65,25 @@ def test_empty_or_corrupt_directory_is_a_one_line_data_error(tmp_path, smoke):
     with pytest.raises(DataError, match="cannot load tokenizer") as e:
         load_tokenizer(bad)
     assert "\n" not in str(e.value)
+
+
+def test_tokenizer_threads_follow_the_cgroup_quota_not_the_host(tmp_path, monkeypatch):
+    import os
+
+    from aleph.data import tokenizer as tk
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(96)))  # the seed host
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    (tmp_path / "cpu.max").write_text("1785000 100000\n")  # the seed's 17.85 cores
+    assert tk.tokenizer_threads(tmp_path) == 17
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # half a core: still one thread
+    assert tk.tokenizer_threads(tmp_path) == 1
+    (tmp_path / "cpu.max").write_text("max 100000\n")  # no quota: the CPUs we may run on
+    assert tk.tokenizer_threads(tmp_path) == 96
+    monkeypatch.setattr(tk, "tokenizer_threads", lambda: 17)
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    assert tk.configure_threads() == "tokenizer threads: 17 (CPU affinity and cgroup quota)"
+    assert os.environ["RAYON_NUM_THREADS"] == "17"
+    monkeypatch.setenv("RAYON_NUM_THREADS", "3")  # a user's own setting wins
+    assert tk.configure_threads() == "tokenizer threads: 3 (RAYON_NUM_THREADS, as set)"

@@ -20,12 +20,15 @@ TRAINING = {
 SEED_MEM = "110999998464"  # 110,999,998,464 B, not rounded
 
 
-def _config(compose_bin: str, *files: str, env: dict | None = None, check: bool = True):
+def _config(compose_bin: str, *files: str, env: dict | None = None, check: bool = True,
+            profiles: tuple[str, ...] = ("*",)):
     base = {k: v for k, v in os.environ.items() if not k.startswith(("ALEPH_", "COMPOSE_"))}
     args = [compose_bin, "--project-directory", str(REPO)]
     for f in files or ("compose.yaml",):
         args += ["-f", str(f if os.path.isabs(f) else REPO / f)]
-    args += ["--profile", "*", "config", "--format", "json"]
+    for profile in profiles:
+        args += ["--profile", profile]
+    args += ["config", "--format", "json"]
     p = subprocess.run(
         args, capture_output=True, text=True, env={**base, **(env or {})}, timeout=60
     )
@@ -41,10 +44,10 @@ def cfg(compose_bin):
 
 
 def test_services(cfg):
-    assert set(cfg["services"]) == {*TRAINING, "tests", "tensorboard"}
+    assert set(cfg["services"]) == {*TRAINING, "campaign", "tests", "tensorboard"}
 
 
-@pytest.mark.parametrize("name", sorted(TRAINING))
+@pytest.mark.parametrize("name", sorted([*TRAINING, "campaign"]))
 def test_training_envelope_is_exact(cfg, name):
     s = cfg["services"][name]
     assert s["mem_limit"] == SEED_MEM and s["memswap_limit"] == SEED_MEM
@@ -113,6 +116,37 @@ def test_variables_choose_gpus_seed_and_nproc(compose_bin):
             0, "/workspace/data/cc12m.jsonl", "caption_llava", ("/workspace/data/chunks",))
         assert svc[name]["build"]["args"]["ALEPH_REVISION"] == "abc1234"
     assert "--nproc_per_node=4" in svc["train-a2-ddp"]["command"]
+
+
+def _campaign_runs(command: list[str]):
+    """The service's `aleph campaign ...` through the real CLI parser, spec and resolver:
+    (parsed arguments, {run id: resolved TrainConfig})."""
+    from aleph.campaign.spec import make_spec, resolve_configs
+    from aleph.cli import build_parser
+
+    assert command[:2] == ["aleph", "campaign"]
+    a = build_parser(only="campaign").parse_args(command[1:])
+    spec = make_spec(a.name, a.preset, a.config, a.overrides, a.arms, a.seeds)
+    return a, resolve_configs(spec)
+
+
+def test_campaign_profile_is_one_container_on_all_gpus(compose_bin):
+    svc = _config(compose_bin, profiles=("campaign",))["services"]
+    assert "campaign" in svc and "campaign" not in _config(compose_bin, profiles=())["services"]
+    s = svc["campaign"]
+    # The seed's envelope, once, for all six runs (shared quota), with every GPU of the host.
+    assert (s["mem_limit"], s["memswap_limit"]) == (SEED_MEM, SEED_MEM)
+    assert (s["cpu_quota"], s["cpu_period"]) == (1_785_000, 100_000) and "cpus" not in s
+    (dev,) = s["deploy"]["resources"]["reservations"]["devices"]
+    assert dev == {"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}  # count: all
+    assert s["profiles"] == ["campaign"] and s["stop_grace_period"] == "5m0s"
+    a, runs = _campaign_runs(s["command"])
+    assert a.devices == "all" and a.preset == "e1"
+    assert sorted(runs) == sorted(f"{arm}-s{seed}" for arm in ("a1_anchored", "a2_dense", "a3_random")
+                                  for seed in (0, 1))
+    for c in runs.values():
+        assert (c.preset, c.captions, c.targets) == (
+            "e1", "/workspace/data/e1/captions.parquet", ("/workspace/data/e1/targets",))
 
 
 def test_tests_service_runs_pytest_strictly(cfg):
@@ -186,6 +220,11 @@ def test_cpu_override_keeps_the_envelope_and_drops_the_gpus(compose_bin):
         c = _resolve_train_command(cpu[name]["command"][cpu[name]["command"].index("train"):])
         assert (c.arm, c.seed, c.preset, c.smoke_data, c.epochs) == (arm, 1, "smoke", True, 2)
     assert "--nproc_per_node=2" in cpu["train-a2-ddp"]["command"]
+    a, runs = _campaign_runs(cpu["campaign"]["command"])
+    assert a.devices == "cpu:2" and len(runs) == 6
+    assert all(c.preset == "smoke" and c.smoke_data and c.epochs == 2 for c in runs.values())
+    slots = _config(compose_bin, "compose.yaml", "compose.cpu.yaml", env={"ALEPH_CPU_SLOTS": "3"})
+    assert _campaign_runs(slots["services"]["campaign"]["command"])[0].devices == "cpu:3"
     env = {"ALEPH_SEED": "3", "ALEPH_SMOKE_EPOCHS": "5", "ALEPH_CPU_BASE_IMAGE": "debian-py311:x",
            "ALEPH_WHEELS_IMAGE": "wheels:x", "ALEPH_CPU_IMAGE": "aleph-e1:cpu-x"}
     s = _config(compose_bin, "compose.yaml", "compose.cpu.yaml", env=env)["services"]["train-a2"]

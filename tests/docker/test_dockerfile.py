@@ -117,8 +117,9 @@ def test_dockerignore_is_an_allow_list(repo_file):
     lines = [x for x in repo_file(".dockerignore").read_text().splitlines() if x and x[0] != "#"]
     assert lines[0] == "*"
     allowed = {x[1:].rstrip("/") for x in lines if x.startswith("!")}
-    assert allowed == {"aleph", "tests", "docker", "lockfiles", "pip_freeze.txt", "pyproject.toml"}
-    assert "aleph/REVISION" in lines
+    assert allowed == {"aleph", "tests", "docker", "bench", "lockfiles", "pip_freeze.txt",
+                       "pyproject.toml"}
+    assert "aleph/REVISION" in lines and "bench/out/" in lines  # benchmark outputs stay out
 
 
 def test_aleph_shim_runs_the_built_interpreter(dockerfile):

@@ -78,3 +78,54 @@ def test_gates_start_at_sigmoid_minus_three_and_w_out_at_zero(tiny):
         assert torch.equal(bank.w_out, torch.zeros_like(bank.w_out))
         assert torch.equal(bank.gates, torch.full((3,), -3.0))
     assert abs(model.health()["layer00/gate0"] - 0.0474258731) < 1e-7
+
+
+def test_expert_hidden_stays_bf16_under_cpu_autocast():
+    # The E1 bank under bf16 autocast: x is the LayerNorm's fp32 output, the matmul's hidden
+    # is bf16, and scaling it by the coefficients must not promote it to fp32.
+    torch.manual_seed(0)
+    bank = AnchoredBank(d_model=32, ff=16, n_anchors=3, tau=0.1, gate_init=-3.0,
+                        learned_anchors=True)
+    torch.nn.init.normal_(bank.w_out, std=0.1)  # experts live (w_out starts at zero)
+    seen = []
+    orig = torch.Tensor.flatten
+
+    def spy(t, *a, **k):
+        out = orig(t, *a, **k)
+        if t.dim() == 4:  # the (B, L, K, ff) scaled hidden, flattened for w_out
+            seen.append(t.dtype)
+        return out
+
+    x = torch.randn(2, 5, 32)  # fp32, as a LayerNorm output is under autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.Tensor, "flatten", spy)
+        y = bank(x)
+    assert seen == [torch.bfloat16]
+    assert y.shape == (2, 5, 32)
+    # fp32 without autocast is unchanged: the coefficients follow the hidden (fp32 there).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.Tensor, "flatten", spy)
+        bank(x)
+    assert seen == [torch.bfloat16, torch.float32]
+
+
+def test_health_gauges_of_all_banks_cost_one_host_transfer(tiny):
+    model = build_model(tiny("a1_anchored", n_layers=3))
+    model(torch.randint(0, 200, (2, 8)), torch.ones(2, 8, dtype=torch.bool))
+    syncs = []
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("item", "tolist", "__float__", "__bool__", "numpy"):
+            orig = getattr(torch.Tensor, name)
+            mp.setattr(torch.Tensor, name,
+                       lambda t, *a, _o=orig, _n=name, **k: (syncs.append(_n), _o(t, *a, **k))[1])
+        gauges = model.health()
+    assert syncs == ["tolist"], syncs
+    assert len(gauges) == 3 * (3 + 6) and all(isinstance(v, float) for v in gauges.values())
+    # Same values as each bank's own gauges (which also transfer once per bank).
+    for i, bank in enumerate(model.banks()):
+        for k, v in bank.health().items():
+            assert gauges[f"layer{i:02d}/{k}"] == pytest.approx(v, nan_ok=True)
+    # Before any forward, usage is undefined: NaN, still without a per-gauge sync.
+    fresh = build_model(tiny("a1_anchored")).banks()[0].health()
+    assert fresh["usage_ppl"] != fresh["usage_ppl"] and fresh["neg_frac"] != fresh["neg_frac"]
+    assert fresh["anchor_drift"] == pytest.approx(0.0, abs=1e-6)

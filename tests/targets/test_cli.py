@@ -75,3 +75,47 @@ def test_bad_input_exit_code_names_the_file(tmp_path, capsys):
     (tmp_path / "bad.pt").write_bytes(b"junk")
     assert main(["targets", "build", str(tmp_path / "bad.pt"), "--out", str(tmp_path / "s")]) == 2
     assert "bad.pt: unreadable .pt" in capsys.readouterr().err
+
+
+def test_verify_sources_catches_a_chunk_edited_with_size_and_mtime_kept(make_chunks, tmp_path,
+                                                                         capsys):
+    """The store cache keys on (path, size, mtime): an in-place edit that keeps both is reused
+    stale, and --full passes (the store agrees with its own manifest). --sources re-reads
+    the chunks and compares them with the store's bytes, range by range."""
+    import os
+
+    paths, ref = make_chunks(rows=(12, 9, 7))  # .pt, .npy, .safetensors
+    out = tmp_path / "s"
+    assert main(["targets", "build", *map(str, paths), "--out", str(out)]) == 0
+    assert main(["targets", "verify", str(out), "--sources"]) == 0
+    assert "OK, sources (every chunk range re-hashed and equal to its source chunk)" in \
+        capsys.readouterr().out
+    edited = paths[0]  # the .pt (E1's chunk format): new values, same shape, same size
+    st = edited.stat()
+    save_chunk(ref[:12] * -1, edited)
+    os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (edited.stat().st_size, edited.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert main(["targets", "build", *map(str, paths), "--out", str(out)]) == 0  # stale cache hit
+    assert store_bytes(out) == ref.numpy().tobytes()
+    assert main(["targets", "verify", str(out)]) == 0
+    assert main(["targets", "verify", str(out), "--full"]) == 0
+    capsys.readouterr()
+    assert main(["targets", "verify", str(out), "--sources"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert "1 chunk range(s) differ from their source chunk" in err
+    assert f"chunk 0 (store rows 0..12, from {edited}): source rows sha256" in err
+    assert "chunk 1" not in err and "chunk 2" not in err
+    # a source that is gone is named too
+    paths[2].unlink()
+    assert main(["targets", "verify", str(out), "--sources"]) == 2
+    assert f"chunk 2 (store rows 21..28, from {paths[2]}): source unusable: " in capsys.readouterr().err
+
+
+def test_verify_help_says_what_each_level_catches(capsys):
+    with pytest.raises(SystemExit):
+        main(["targets", "verify", "--help"])
+    text = capsys.readouterr().out
+    for level in ("quick ", "--full ", "--sources "):
+        assert f"\n  {level}" in text
+    assert "even with size and mtime kept" in text and "Misses:" in text

@@ -85,9 +85,14 @@ def test_pt_with_code_object_is_refused_without_unpickling(tmp_path, legacy):
     path = tmp_path / "evil.pt"
     torch.save({"x": torch.zeros(2, 2), "y": _Payload(str(marker))}, path,
                _use_new_zipfile_serialization=not legacy)
-    with pytest.raises(StoreError, match=r"evil\.pt: refused: .*weights_only"):
+    with pytest.raises(StoreError, match=r"evil\.pt: refused: .*weights_only") as e:
         inspect_chunk(path)
     assert not marker.exists()
+    # one complete line naming the refused object, not torch's message cut mid-sentence
+    msg = str(e.value)
+    assert "\n" not in msg and "two options" not in msg
+    assert "GLOBAL io.open was not an allowed global" in msg
+    assert msg.endswith("save the tensor alone (torch.save(tensor, path)) or as .npy/.safetensors")
     # the same payload, loaded by plain pickle, does run: the test would notice
     pickle.loads(pickle.dumps(_Payload(str(marker)))).close()
     assert marker.exists()

@@ -164,3 +164,61 @@ def test_every_model_field_comes_from_the_config_or_the_data():
     m = model_config(cfg, vocab_size=123, pad_id=0)
     assert (m.arm, m.d_model, m.n_heads, m.dropout, m.vocab_size, m.out_dim) == (
         "a3_random", 32, 2, 0.25, 123, 768)
+
+
+@pytest.mark.parametrize("override,field", [
+    ("lr=.inf", "lr"), ("lr=.nan", "lr"), ("weight_decay=.nan", "weight_decay"),
+    ("grad_clip=.inf", "grad_clip"), ("betas=[0.9, .nan]", "betas"),
+    ("ckpt_every_minutes=.inf", "ckpt_every_minutes"),
+])
+def test_non_finite_numbers_are_refused_naming_the_field(override, field):
+    with pytest.raises(ConfigError, match=rf"^config field '{field}': got .*(inf|nan).*, "
+                       r"expected a finite number$"):
+        resolve("smoke", overrides=[override], arm="a2_dense")
+
+
+def test_invalid_config_file_is_one_line_naming_file_line_and_column(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("lr: 1.0e-3\nbetas: [0.9, 0.99\nepochs: 3\n")
+    with pytest.raises(ConfigError) as e:
+        resolve("smoke", file=str(y), arm="a2_dense")
+    assert str(e.value) == (f"config file {y}: not valid yaml at line 3, column 7: expected ',' "
+                            "or ']', but got ':' (while parsing a flow sequence)")
+    y.write_text("lr: 1\n\tepochs: 3\n")
+    with pytest.raises(ConfigError, match=rf"^config file {y}: not valid yaml at line 2, column 1: "
+                       r"found character '\\t' that cannot start any token"):
+        resolve("smoke", file=str(y), arm="a2_dense")
+    j = tmp_path / "c.json"
+    j.write_text('{"lr": 0.001,\n "epochs" 3}')
+    with pytest.raises(ConfigError) as e:
+        resolve("smoke", file=str(j), arm="a2_dense")
+    assert str(e.value) == f"config file {j}: not valid json at line 2, column 11: Expecting ':' delimiter"
+
+
+def test_every_float_field_given_as_an_int_becomes_a_float(tmp_path):
+    # torch 2.4.1's set_per_process_memory_fraction raises TypeError on an int: the config
+    # hands every float field on as a Python float, however it was written.
+    from dataclasses import fields
+
+    from aleph.train.config import TrainConfig
+
+    floats = [f.name for f in fields(TrainConfig) if f.type in ("float", "float | None")]
+    assert "alloc_cap_fraction" in floats and len(floats) > 10
+    for name in floats:
+        for number in (1, 0, 2):  # the first int the field's range accepts
+            y = tmp_path / "c.yaml"
+            y.write_text(f"{name}: {number}\n")
+            try:
+                via_set = resolve("smoke", overrides=[f"{name}={number}"], arm="a2_dense")
+            except ConfigError:
+                continue
+            via_file = resolve("smoke", file=str(y), arm="a2_dense")
+            for cfg in (via_set, via_file):
+                value = getattr(cfg, name)
+                assert type(value) is float and value == number, (name, value)
+            break
+        else:
+            raise AssertionError(f"no int in 0, 1, 2 is valid for {name}")
+    cfg = resolve("smoke", overrides=["betas=[0, 0]"], arm="a2_dense")
+    assert [type(b) for b in cfg.betas] == [float, float]
+    assert type(resolve("smoke", overrides=["epochs=3"], arm="a2_dense").epochs) is int

@@ -51,8 +51,11 @@ def test_two_gloo_ranks_follow_the_single_process_trajectory(train_work, single)
     assert single[-1][1] < single[0][1]
 
     # --- rank 0 is the only writer -----------------------------------------------------
-    logs = sorted(p.name for p in (run / "launches").iterdir())
+    logs = sorted(p.name for p in (run / "launches").glob("*.log"))
     assert len(logs) == 2 and logs[1] == logs[0].replace(".log", ".rank1.log")
+    # rank 0's launch records beside its log: heartbeat and executed code, none of rank 1
+    assert sorted(p.name for p in (run / "launches").iterdir() if p.suffix == ".json") == [
+        logs[0].replace(".log", ".code.json"), logs[0].replace(".log", ".heartbeat.json")]
     rank0_text = (run / "launches" / logs[0]).read_text()
     rank1_text = (run / "launches" / logs[1]).read_text()
     pid0 = int(re.search(r"rank 0 of 2, host \S+, pid (\d+)", rank0_text).group(1))

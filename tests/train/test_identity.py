@@ -6,13 +6,17 @@ import json
 import re
 import signal
 
-from aleph.train.identity import LaunchLog, RunLock, code_revision, source_sha256
+from aleph.record.provenance import code_revision, source_sha256
+from aleph.train.identity import LaunchLog, RunLock
 from tests.train.conftest import run_train, start_train, train_cmd, wait_for_log
 
 
 def _snapshot(run_dir):
+    """Every file of the run, but the live launch's heartbeat (rewritten every few seconds
+    by the launch that holds the lock, not by the duplicate)."""
     return {p.relative_to(run_dir).as_posix(): p.read_bytes()
-            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+            for p in sorted(run_dir.rglob("*")) if p.is_file()
+            and not p.name.endswith(".heartbeat.json")}
 
 
 def test_second_launch_exits_75_and_changes_nothing(train_work):
@@ -28,7 +32,8 @@ def test_second_launch_exits_75_and_changes_nothing(train_work):
     assert f"pid {first.pid} on host {holder['host']}, started {holder['start']}" in dup.stderr
     assert holder["pid"] == first.pid
     assert _snapshot(run_dir) == before  # not one byte of the first run changed
-    assert [p.name for p in (run_dir / "launches").iterdir()] == [log.name]
+    assert sorted(p.name for p in (run_dir / "launches").iterdir()) == sorted(
+        [log.name, f"{log.stem}.heartbeat.json", f"{log.stem}.code.json"])
 
     first.send_signal(signal.SIGTERM)
     out, _ = first.communicate(timeout=60)
@@ -93,7 +98,7 @@ def test_launch_log_appends_and_tags(tmp_path):
 
 
 def test_provenance(tmp_path, monkeypatch):
-    from aleph.train import identity
+    from aleph.record import provenance as identity  # where code provenance lives
 
     baked = identity.package_dir() / "REVISION"
     if baked.is_file():  # inside the image

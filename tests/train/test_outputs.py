@@ -87,3 +87,62 @@ def test_a_restart_from_step_0_replaces_the_steps_of_a_launch_killed_before_any_
         again.write(step, {"train/loss": float(step)})
     again.close()
     assert tb_scalars(tmp_path)["train/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+
+
+def _session_over(manifest, allow: bool):
+    """A Session with just what its resume input check reads."""
+    from aleph.train.config import resolve
+    from aleph.train.session import Session
+
+    s = Session.__new__(Session)
+    s.manifest, s.resume_from = manifest, "checkpoints/step-00000003"
+    s.launch_id, s.lines = "L2", []
+    s.log = s.lines.append
+    s.cfg = resolve("smoke", arm="a2_dense",
+                    overrides=[f"allow_input_change={str(allow).lower()}"])
+    return s
+
+
+def _now(target: str, token_key: str, token_sha: str = "t" * 64) -> dict:
+    return {"target_store": {"content_sha256": target, "dir": "/cache/targets/x"},
+            "token_store": {"content_sha256": token_sha, "key": token_key,
+                            "dir": f"/cache/tokens/{token_key}"}}
+
+
+def test_inputs_check_reads_a_manifest_from_before_per_launch_records(tmp_path):
+    """A manifest with only the top-level target_store (earlier trainer): its target content hash
+    and token store key are what the run trained on; a changed token store is refused naming
+    both keys, and allowed (and returned for the record) with allow_input_change."""
+    from aleph.errors import DataError
+    from aleph.train.outputs import Manifest
+
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "run_id": "r", "arm": "a2_dense", "seed": 0,
+        "launches": [{"launch_id": "L1", "status": "stopped"}],
+        "target_store": {"content_sha256": "a" * 64, "token_store": "/old/cache/tokens/k1"}}))
+    m = Manifest(tmp_path, "r", "a2_dense", 0)
+    m.start_launch("L2", "launches/L2.log", 1)
+    assert m.trained_inputs() == {"from": "manifest.json target_store",
+                                  "target_store": {"content_sha256": "a" * 64},
+                                  "token_store": {"key": "k1"}}
+    assert _session_over(m, False)._check_inputs_unchanged(_now("a" * 64, "k1")) is None
+    with pytest.raises(DataError, match=r"^inputs changed since this run last trained \(manifest"
+                       r"\.json target_store\): token store key k1 \(trained on\) -> k2 \(this "
+                       r"launch, /cache/tokens/k2\); refused: "):
+        _session_over(m, False)._check_inputs_unchanged(_now("a" * 64, "k2"))
+    s = _session_over(m, True)
+    allowed = s._check_inputs_unchanged(_now("b" * 64, "k2"))
+    assert [c["store"] for c in allowed["changes"]] == ["target_store", "token_store"]
+    assert len(s.lines) == 1 and "ALLOWED by allow_input_change=true" in s.lines[0]
+    m.record_inputs(_now("b" * 64, "k2"), allowed)
+    on_disk = json.loads((tmp_path / "manifest.json").read_text())
+    record = on_disk["launches"][-1]["input_change_allowed"]
+    assert record["previous"] == "manifest.json target_store"
+    # the next launch compares with this launch's record, by content hash
+    m2 = Manifest(tmp_path, "r", "a2_dense", 0)
+    m2.start_launch("L3", "launches/L3.log", 1)
+    assert m2.trained_inputs()["from"] == "launch L2"
+    assert _session_over(m2, False)._check_inputs_unchanged(_now("b" * 64, "k2")) is None
+    fresh = _session_over(m2, False)
+    fresh.resume_from = None  # nothing trained is carried over: nothing to compare
+    assert fresh._check_inputs_unchanged(_now("c" * 64, "k9")) is None

@@ -17,6 +17,7 @@ from aleph.train.preflight import (
     expand_targets,
     vram_probe,
 )
+from tests.train.conftest import smoke_dir
 
 
 def test_target_directory_expands_in_name_order(tmp_path):
@@ -149,3 +150,64 @@ def test_captions_column_is_read_and_keys_the_memo(work, tmp_path):
     assert by_text != by_caption
     with pytest.raises(DataError, match="'body'"):
         load_captions(str(f), column="body")
+
+
+def _inputs(work: Path) -> Path:
+    """The tests' smoke data as plain input paths (smoke_data=false) under work/inputs."""
+    import shutil
+
+    data = work / "inputs"
+    shutil.copytree(smoke_dir(work), data)
+    return data
+
+
+@pytest.mark.parametrize("case", ["captions missing", "captions empty", "row counts differ",
+                                  "targets missing", "target chunk unreadable",
+                                  "tokenizer missing"])
+def test_refused_inputs_leave_no_run_directory(train_work, capsys, case):
+    """Data-level refusals exit 2 with one line naming the input, before runs/<name>/ exists."""
+    from aleph.cli import main
+
+    data = _inputs(train_work)
+    captions, targets, tok = data / "captions.txt", data / "targets", data / "tokenizer"
+    if case == "captions missing":
+        captions, want = data / "nope.txt", f"captions file {data / 'nope.txt'} does not exist"
+    elif case == "captions empty":
+        captions.write_text("")
+        want = f"captions source {captions}: no rows"
+    elif case == "row counts differ":
+        captions.write_text("".join(captions.read_text().splitlines(True)[:1000]))
+        want = f"row count mismatch: captions {captions} has 1000 rows but targets (1 chunk"
+    elif case == "targets missing":
+        targets, want = data / "gone", f"'targets': {data / 'gone'} does not exist"
+    elif case == "target chunk unreadable":
+        next(targets.glob("*.pt")).write_bytes(b"junk")
+        want = ": unreadable .pt (truncated or not a torch.save file)"
+    else:
+        tok, want = data / "no-tok", f"tokenizer directory '{data / 'no-tok'}' does not exist"
+    args = ["train", "--arm", "a2_dense", "--seed", "9", "--preset", "smoke", "--set",
+            "smoke_data=false", "--set", f"captions={captions}", "--set", f"targets={targets}",
+            "--set", f"tokenizer={tok}", "--set", "batch_size=32"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("aleph train: error: ") and "\n" not in err and want in err, err
+    assert not (train_work / "runs").exists()
+
+
+def test_refused_inputs_change_nothing_in_an_existing_run(train_work, capsys):
+    from aleph.cli import main
+
+    run_dir = train_work / "runs" / "a2_dense-s9"
+    for rel, text in (("config.json", "{}\n"), ("manifest.json", '{"launches": []}\n'),
+                      ("launches/x.log", "earlier\n"), ("checkpoints/step-00000003/COMPLETE", "x")):
+        (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / rel).write_text(text)
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*")
+              if p.is_file()}
+    assert main(["train", "--arm", "a2_dense", "--seed", "9", "--preset", "smoke", "--set",
+                 "smoke_data=false", "--set", f"captions={train_work / 'none.txt'}", "--set",
+                 f"targets={smoke_dir(train_work) / 'targets'}", "--set",
+                 f"tokenizer={smoke_dir(train_work) / 'tokenizer'}"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before

@@ -1,0 +1,96 @@
+"""What a run directory says, for the campaign: complete or not, how a launch ended.
+
+Read only: the trainer writes these files (docs/ARCHITECTURE.md, "Run directory").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from aleph._io import read_json, sha256_file, work_root
+from aleph.errors import ConfigError
+from aleph.record.launch import COMPLETE, FAILED, STOPPED
+from aleph.train.identity import LAUNCH_DIR
+
+MANIFEST, CONFIG = "manifest.json", "config.json"
+FINAL_WEIGHTS = Path("weights") / "final" / "model.safetensors"
+
+
+def run_dir(rid: str) -> Path:
+    return work_root() / "runs" / rid
+
+
+def _manifest(rd: Path) -> dict[str, Any] | None:
+    try:
+        data = read_json(rd / MANIFEST)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_complete(rd: Path) -> bool:
+    """A launch recorded the run complete and its final weights exist."""
+    man = _manifest(rd)
+    if man is None or not (rd / FINAL_WEIGHTS).is_file():
+        return False
+    return any(isinstance(e, dict) and e.get("status") == COMPLETE
+               for e in man.get("launches") or [])
+
+
+def weights_sha256(rd: Path) -> str:
+    return sha256_file(rd / FINAL_WEIGHTS)
+
+
+def config_conflict(rd: Path, cfg) -> str | None:
+    """Why a complete run directory is not this campaign's run (another config), or None."""
+    from aleph.train.config import check_same_run
+
+    path = rd / CONFIG
+    try:
+        saved = read_json(path)
+    except (OSError, json.JSONDecodeError) as e:
+        return f"{path}: unreadable ({e})"
+    try:
+        check_same_run(saved, cfg)
+    except ConfigError as e:
+        return f"{rd} is complete with another config: {e}"
+    return None
+
+
+def launch_end(rd: Path, pid: int | None, host: str) -> tuple[str | None, int | None]:
+    """(status, exit status) the trainer recorded for its launch with this pid on this host,
+    or (None, None) when it recorded none (refused before the manifest, or never started)."""
+    man = _manifest(rd)
+    for e in reversed((man or {}).get("launches") or []):
+        if isinstance(e, dict) and e.get("pid") == pid and e.get("host") == host:
+            status = e.get("status")
+            code = e.get("exit_status")
+            if status in (COMPLETE, STOPPED):
+                return status, 0
+            if status == FAILED:
+                return status, code if isinstance(code, int) else None
+            return status, None  # running (died unrecorded) or lost
+    return None, None
+
+
+def trainer_logs(rd: Path) -> list[str]:
+    """The trainer's own launch logs of a run (rank 0's: one per launch)."""
+    d = rd / LAUNCH_DIR
+    if not d.is_dir():
+        return []
+    return sorted(p.name for p in d.glob("*.log") if ".rank" not in p.name)
+
+
+def error_line(log: Path) -> str:
+    """The one-line reason a launch ended: its `aleph train: error:` line, else the last line."""
+    try:
+        lines = [x.strip() for x in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        return f"{log}: unreadable"
+    lines = [x for x in lines if x]
+    for line in reversed(lines):
+        if line.startswith("aleph train: error:"):
+            return line
+    return lines[-1] if lines else "(no output)"

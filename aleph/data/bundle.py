@@ -1,0 +1,153 @@
+"""The offline bundle: what a real run fetches from the Hugging Face hub, as plain files.
+
+`aleph data fetch` (on a machine with network) writes it; an air-gapped VM gets a copy on
+its work volume, and the loaders look there before the hub, so the e1 preset and
+`aleph eval` need no network. Layout of a bundle directory:
+
+  bundle.json                      format, version, and per item what was fetched from where:
+                                   tokenizers {name: {dir, fingerprint}},
+                                   sts {task: {dataset, revision, split, pairs, file, sha256}}
+  tokenizers/<name>/               a tokenizer as `save_pretrained` writes it ("org/name" is
+                                   stored as "org--name")
+  sts/<task>.jsonl                 the task's pairs, one {"sentence1", "sentence2", "score"}
+                                   object per line, in the hub split's order
+
+Where it is looked for: $ALEPH_OFFLINE_BUNDLE, else <work root>/data/offline. Items are
+written atomically (temporary sibling + rename) and bundle.json last, so a bundle lists
+only complete items. An STS task is used only when the bundle's dataset and revision are
+the ones the code pins; a bundle fetched under another pin is refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aleph._io import (
+    atomic_write_json,
+    atomic_write_text,
+    fsync_dir,
+    read_json,
+    sha256_file,
+    work_root,
+)
+from aleph.errors import DataError
+
+FORMAT = "aleph-offline-bundle"
+VERSION = 1
+MANIFEST = "bundle.json"
+
+
+def bundle_root() -> Path:
+    """$ALEPH_OFFLINE_BUNDLE, else <work root>/data/offline."""
+    env = os.environ.get("ALEPH_OFFLINE_BUNDLE")
+    return Path(env).expanduser().absolute() if env else work_root() / "data" / "offline"
+
+
+def fetch_hint() -> str:
+    """The sentence the offline errors end with: where a bundle would be looked for."""
+    return (f"or an offline bundle in {bundle_root()} (made by `aleph data fetch` on a machine "
+            "with network, then copied there; ALEPH_OFFLINE_BUNDLE names another directory)")
+
+
+def _slug(name: str) -> str:
+    return name.replace("/", "--")
+
+
+def read_manifest(root: Path | None = None) -> dict[str, Any] | None:
+    """The bundle's manifest, or None when there is no bundle; a broken one is a DataError."""
+    root = root if root is not None else bundle_root()
+    path = root / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        man = read_json(path)
+    except ValueError as e:
+        raise DataError(f"{path}: invalid JSON ({e}); re-run `aleph data fetch`") from None
+    if not isinstance(man, dict) or (man.get("format"), man.get("version")) != (FORMAT, VERSION):
+        got = (man.get("format"), man.get("version")) if isinstance(man, dict) else type(man).__name__
+        raise DataError(f"{path}: format {got!r}, expected ({FORMAT!r}, {VERSION}); re-run "
+                        "`aleph data fetch`")
+    for key in ("tokenizers", "sts"):
+        if not isinstance(man.get(key), dict):
+            raise DataError(f"{path}: field {key!r} is {man.get(key)!r}, expected an object")
+    return man
+
+
+def _update_manifest(root: Path, section: str, name: str, entry: dict) -> None:
+    man = read_manifest(root) or {"format": FORMAT, "version": VERSION, "tokenizers": {}, "sts": {}}
+    man[section][name] = entry
+    atomic_write_json(root / MANIFEST, man)
+
+
+def tokenizer_dir(name: str, root: Path | None = None) -> Path | None:
+    """The bundle's copy of hub tokenizer `name`, or None when the bundle has none."""
+    root = root if root is not None else bundle_root()
+    man = read_manifest(root)
+    if man is None or name not in man["tokenizers"]:
+        return None
+    d = root / "tokenizers" / _slug(name)
+    if not d.is_dir():
+        raise DataError(f"{root / MANIFEST}: lists tokenizer {name!r} but {d} is missing; "
+                        "re-run `aleph data fetch` or copy the whole bundle directory")
+    return d
+
+
+def add_tokenizer(root: Path, name: str, tokenizer, fingerprint: str) -> Path:
+    """Save `tokenizer` (fetched as hub name `name`) into the bundle; its directory."""
+    final = root / "tokenizers" / _slug(name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _update_manifest(root, "tokenizers", name,
+                     {"dir": f"tokenizers/{final.name}", "fingerprint": fingerprint})
+    return final
+
+
+def add_sts(root: Path, task: str, dataset: str, revision: str, split: str,
+            pairs: tuple[tuple[str, str, float], ...]) -> Path:
+    """Write an STS task's pairs (from `dataset` at `revision`, split `split`) into the bundle."""
+    path = root / "sts" / f"{task}.jsonl"
+    atomic_write_text(path, "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s})
+                                    + "\n" for a, b, s in pairs))
+    _update_manifest(root, "sts", task, {
+        "dataset": dataset, "revision": revision, "split": split, "pairs": len(pairs),
+        "file": f"sts/{task}.jsonl", "sha256": sha256_file(path)})
+    return path
+
+
+def sts_file(task: str, dataset: str, revision: str, root: Path | None = None) -> Path | None:
+    """The bundle's file of STS task `task`, when it was fetched from `dataset` at `revision`.
+
+    None when the bundle has no such task; a DataError when it has it from another
+    dataset or revision (a bundle made under an older pin) or its file is damaged.
+    """
+    root = root if root is not None else bundle_root()
+    man = read_manifest(root)
+    if man is None or task not in man["sts"]:
+        return None
+    entry = man["sts"][task]
+    if (entry.get("dataset"), entry.get("revision")) != (dataset, revision):
+        raise DataError(
+            f"{root / MANIFEST}: STS task {task!r} was fetched from {entry.get('dataset')}@"
+            f"{str(entry.get('revision'))[:12]}, this code pins {dataset}@{revision[:12]}; "
+            "re-run `aleph data fetch` on a machine with network and copy the bundle again")
+    path = root / str(entry.get("file", f"sts/{task}.jsonl"))
+    if not path.is_file() or sha256_file(path) != entry.get("sha256"):
+        raise DataError(f"{path}: missing or its sha256 differs from {root / MANIFEST}; "
+                        "copy the bundle again")
+    return path

@@ -1,0 +1,170 @@
+"""The heartbeat of a live launch, and what the next launch concludes when one vanished.
+
+Rank 0 of each launch rewrites `launches/<launch id>.heartbeat.json` atomically every few
+seconds (config `heartbeat_seconds`) from a daemon thread: time, phase (preflight step or
+training), step, the process's RSS and peak RSS, and its memory cgroup (directory, usage,
+working set, limit, peak, the OOM-kill counter: v2 `memory.events` oom_kill, v1
+`memory.oom_control` oom_kill). A launch killed by the kernel (the seed's "silent cgroup
+SIGKILL at the final concatenate") cannot record its end; the next launch marks it `lost`
+and, from its last heartbeat, says when it was last alive and at which step, and "likely
+killed by the cgroup OOM killer at X of Y bytes" when the cgroup's counter has risen since
+(read again now from the recorded cgroup directory) or its working set was within 2% of
+the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from aleph._io import atomic_write_json, read_json
+from aleph.env.cgroup import memory_at, read_memory
+
+SUFFIX = ".heartbeat.json"
+NEAR_LIMIT = 0.98  # a working set within 2% of the limit counts as at the limit
+
+
+def heartbeat_path(launch_dir: Path, launch_id: str) -> Path:
+    return Path(launch_dir) / f"{launch_id}{SUFFIX}"
+
+
+def process_memory(status: Path = Path("/proc/self/status")) -> tuple[int | None, int | None]:
+    """(RSS, peak RSS) of this process in bytes, from /proc/self/status (None elsewhere)."""
+    rss = hwm = None
+    try:
+        text = status.read_text()
+    except OSError:
+        return None, None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if key in ("VmRSS", "VmHWM") and parts and parts[0].isdigit():
+            if key == "VmRSS":
+                rss = int(parts[0]) * 1024
+            else:
+                hwm = int(parts[0]) * 1024
+    return rss, hwm
+
+
+class LaunchMonitor:
+    """The live state of one launch (phase, first and current step) and its heartbeat.
+
+    The trainer sets `phase` and `step` as it goes (plain attribute writes); the thread
+    writes them with the memory figures every `interval_s`. `path` None: no file (ranks > 0).
+    """
+
+    def __init__(self, path: Path | None, launch_id: str, interval_s: float = 5.0,
+                 on_first_beat=None) -> None:
+        self.path, self.launch_id, self.interval_s = path, launch_id, interval_s
+        self.phase = "start"
+        self.step_from: int | None = None  # the step the loop started from
+        self.step: int | None = None  # the last step done
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._on_first_beat = on_first_beat  # e.g. a tracer that records the thread's code
+        self.last: dict[str, Any] | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        rss, hwm = process_memory()
+        mem = read_memory()
+        return {"launch_id": self.launch_id, "pid": os.getpid(), "time": time.time(),
+                "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "phase": self.phase, "step_from": self.step_from, "step": self.step,
+                "rss_bytes": rss, "peak_rss_bytes": hwm,
+                "cgroup": mem.as_dict() if mem is not None else None}
+
+    def beat(self) -> None:
+        if self.path is None:
+            return
+        self.last = self.snapshot()
+        try:
+            atomic_write_json(self.path, self.last)
+        except OSError:  # a full disk must not kill training; the next beat retries
+            pass
+
+    def start(self) -> LaunchMonitor:
+        """First beat now (so even a launch killed at once leaves one), then the thread."""
+        if self.path is None:
+            return self
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name="aleph-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        first = True
+        while not self._stop.wait(self.interval_s):
+            if first and self._on_first_beat is not None:
+                with self._on_first_beat():
+                    self.beat()
+            else:
+                self.beat()
+            first = False
+
+    def stop(self, phase: str = "ended") -> None:
+        """Last beat (phase 'ended') and the thread joined."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.phase = phase
+        self.beat()
+
+
+def read_heartbeat(launch_dir: Path, launch_id: str) -> dict[str, Any] | None:
+    path = heartbeat_path(launch_dir, launch_id)
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _b(n: int | None) -> str:
+    return "?" if n is None else f"{n:,}"
+
+
+def diagnose_lost(hb: dict[str, Any] | None) -> dict[str, Any]:
+    """{diagnosis (one line), last_heartbeat, oom (evidence or None)} for a vanished launch."""
+    if hb is None:
+        return {"diagnosis": "ended without recording its end (killed: SIGKILL, OOM or host "
+                "loss); it left no heartbeat", "last_heartbeat": None, "oom": None}
+    step = hb.get("step")
+    where = f"step {step}" if step is not None else f"phase {hb.get('phase')} (before the first step)"
+    cg = hb.get("cgroup") if isinstance(hb.get("cgroup"), dict) else None
+    last = (f"last heartbeat {hb.get('utc', '?')}: {where}, RSS {_b(hb.get('rss_bytes'))} B")
+    if cg is not None:
+        last += (f", cgroup working set {_b(cg.get('working_set_bytes'))} of limit "
+                 f"{_b(cg.get('limit_bytes')) if cg.get('limit_bytes') else 'none'} B")
+    oom = _oom_evidence(cg)
+    if oom is None:
+        text = f"ended without recording its end (killed: SIGKILL, OOM or host loss); {last}"
+    else:
+        text = (f"likely killed by the cgroup OOM killer at {oom['at_bytes']:,} of "
+                f"{oom['limit_bytes']:,} bytes ({oom['evidence']}); {last}")
+    return {"diagnosis": text, "last_heartbeat": hb, "oom": oom}
+
+
+def _oom_evidence(cg: dict | None) -> dict[str, Any] | None:
+    """Why the memory cgroup's OOM killer is the likely cause, or None."""
+    if not cg or not cg.get("path"):
+        return None
+    limit = cg.get("limit_bytes")
+    ws = cg.get("working_set_bytes")
+    now = memory_at(cg["path"], int(cg.get("version") or 1))
+    before = cg.get("oom_kill")
+    if now is not None and now.oom_kill is not None and before is not None and now.oom_kill > before:
+        limit = limit or now.limit_bytes
+        peak = now.peak_bytes if now.peak_bytes is not None else ws
+        at = min(peak, limit) if (peak is not None and limit) else (peak or ws or 0)
+        return {"evidence": f"oom_kill counter of memory cgroup {cg['path']} rose {before} -> "
+                f"{now.oom_kill} since the last heartbeat", "at_bytes": at,
+                "limit_bytes": limit or 0, "counter_before": before, "counter_now": now.oom_kill}
+    if limit and ws is not None and ws >= NEAR_LIMIT * limit:
+        return {"evidence": f"working set within {100 * (1 - NEAR_LIMIT):.0f}% of the limit at the "
+                f"last heartbeat (memory cgroup {cg['path']})", "at_bytes": ws,
+                "limit_bytes": limit, "counter_before": before,
+                "counter_now": None if now is None else now.oom_kill}
+    return None

@@ -1,0 +1,189 @@
+"""The launch entries of `manifest.json` (`launches[]`): schema, statuses, actions, step ranges.
+
+Every launch appends one entry and only ever writes its own; an earlier launch's entry
+is changed only to mark it `lost` (with the diagnosis of its heartbeat) when it died
+without recording its end. Fields of an entry (docs/ARCHITECTURE.md has the full list):
+- `status` (STATUSES), `exit_status`, `note`: how it ended;
+- `action` (ACTIONS): what it did for the run: trained from step 0, resumed and trained,
+  found the run complete (no-op), was refused, or trained nothing;
+- `steps` {from, to}: the step it started from and the step it reached (for a lost
+  launch: the step of its last heartbeat);
+- `code` {revision, dirty, source_sha256, executed}, `environment`, `envelope`,
+  `execution`, `inputs`: what it executed, on what, with which stores.
+
+A manifest written before these records existed has them once, at the top level
+(`code_revision`, `source_sha256`, `environment`); the readers here fall back to those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Launch statuses: 'running' while the launch lives; then 'complete' (all steps done),
+# 'stopped' (SIGTERM/SIGINT: exit 0, resumable), 'failed' (an error, with its exit status)
+# or 'lost' (set by a later launch for one that died without recording its end).
+RUNNING, COMPLETE, STOPPED, FAILED, LOST = "running", "complete", "stopped", "failed", "lost"
+STATUSES = (RUNNING, COMPLETE, STOPPED, FAILED, LOST)
+# Note of a launch that found the run already finished and trained nothing (not a resume).
+NOTHING_TO_TRAIN = "already complete"
+
+# What a launch did for the run.
+TRAINED, RESUMED, NOOP, REFUSED, NOTHING = (
+    "trained", "resumed", "no-op: already complete", "refused", "nothing trained")
+ACTIONS = (TRAINED, RESUMED, NOOP, REFUSED, NOTHING)
+TRAINING_ACTIONS = (TRAINED, RESUMED)
+
+# Execution facts of a launch that change the floating-point result, and why. A difference
+# in any of them makes two runs (or two launches of one run) not bitwise comparable.
+NUMERIC_FACTS: dict[str, str] = {
+    "device": "CPU and CUDA kernels compute differently (and bf16 autocast applies only on CUDA)",
+    "autocast": "bf16 autocast computes the forward pass in bfloat16",
+    "num_threads": "the CPU intra-op thread count changes how reductions are split and summed",
+    "deterministic": "torch.use_deterministic_algorithms selects other kernels",
+    "compile": "torch.compile fuses kernels, which reorders floating-point operations",
+    "world_size": "data-parallel ranks split the batch and reduce gradients in another order",
+}
+# Config fields behind those facts (config field -> execution fact).
+NUMERIC_CONFIG_FIELDS = {"num_threads": "num_threads", "device": "device", "bf16": "autocast",
+                         "deterministic": "deterministic", "compile": "compile"}
+
+
+def derive_action(entry: dict) -> str:
+    """The recorded action, or for an entry written before actions existed, a derivation
+    from its note (a launch of unknown effect counts as one that trained)."""
+    action = entry.get("action")
+    if action in ACTIONS:
+        return action
+    note = str(entry.get("note") or "")
+    if note == NOTHING_TO_TRAIN:
+        return NOOP
+    if note.endswith("before the first step"):
+        return NOTHING
+    return TRAINED
+
+
+def choose_action(step_from: int | None, step_to: int | None, status: str, note: str,
+                  refused: bool) -> str:
+    """The action of a launch from what it reached (written by the trainer at its end)."""
+    if step_from is None:  # it never reached the step loop
+        return REFUSED if refused else NOTHING
+    if step_to is not None and step_to > step_from:
+        return RESUMED if step_from > 0 else TRAINED
+    if status == COMPLETE and note == NOTHING_TO_TRAIN:
+        return NOOP
+    return NOTHING
+
+
+@dataclass
+class LaunchRecord:
+    """One entry of `launches[]`, read with the legacy fallbacks applied."""
+
+    index: int  # 1-based position in launches[]
+    entry: dict
+    action: str
+    steps: tuple[int | None, int | None] | None  # recorded (from, to); None: not recorded
+    effective: tuple[int, int | None] | None  # the steps of this launch the run kept
+    code: dict
+    environment: dict | None
+    envelope: dict | None
+    execution: dict | None
+
+    @property
+    def launch_id(self) -> str:
+        return str(self.entry.get("launch_id", f"#{self.index}"))
+
+    @property
+    def trained(self) -> bool:
+        """Whether steps of this launch are part of the run's final state."""
+        if self.action not in TRAINING_ACTIONS:
+            return False
+        if self.effective is None:  # no step record (legacy): assume it trained
+            return True
+        start, end = self.effective
+        return end is None or end > start
+
+    def label(self) -> str:
+        """'launch 2 (<id>, steps 6-12)': the launch and the step range the run kept of it."""
+        rng = ""
+        if self.effective is not None:
+            start, end = self.effective
+            rng = f", steps {start}-{'?' if end is None else end}"
+        return f"launch {self.index} ({self.launch_id}{rng})"
+
+
+def top_level_code(manifest: dict) -> dict:
+    """{revision, source_sha256} of a manifest without per-launch records: `code` (an older
+    documented layout) or the top-level `code_revision` / `source_sha256`."""
+    code = manifest.get("code")
+    if isinstance(code, dict):
+        return code
+    return {"revision": manifest.get("code_revision"),
+            "source_sha256": manifest.get("source_sha256")}
+
+
+def _steps(entry: dict) -> tuple[int | None, int | None] | None:
+    steps = entry.get("steps")
+    if not isinstance(steps, dict):
+        return None
+    start, end = steps.get("from"), steps.get("to")
+    return (start if isinstance(start, int) else None, end if isinstance(end, int) else None)
+
+
+def read_launches(manifest: dict) -> list[LaunchRecord]:
+    """Every launch of a manifest, with its effective step range: from the step it started
+    at to the step it reached, cut where a later launch resumed from (steps a killed launch
+    made after its last resume state were redone by the next one, so they are not kept)."""
+    entries = [e for e in manifest.get("launches") or [] if isinstance(e, dict)]
+    fallback_code = top_level_code(manifest)
+    fallback_env = manifest.get("environment") if isinstance(manifest.get("environment"), dict) else None
+    out = []
+    for i, e in enumerate(entries, start=1):
+        steps = _steps(e)
+        effective = None
+        if steps is not None and steps[0] is not None:
+            start, end = steps
+            for later in entries[i:]:  # the next launch that started the step loop
+                nxt = _steps(later)
+                if nxt is not None and nxt[0] is not None:
+                    cut = nxt[0]
+                    end = max(start, min(cut, end) if end is not None else cut)
+                    break
+            effective = (start, end)
+        code = e.get("code") if isinstance(e.get("code"), dict) else fallback_code
+        env = e.get("environment") if isinstance(e.get("environment"), dict) else fallback_env
+        out.append(LaunchRecord(i, e, derive_action(e), steps, effective, code, env,
+                                e.get("envelope") if isinstance(e.get("envelope"), dict) else None,
+                                e.get("execution") if isinstance(e.get("execution"), dict) else None))
+    return out
+
+
+def training_launches(manifest: dict) -> list[LaunchRecord]:
+    """The launches whose steps the run kept, in order (none for a run that never trained)."""
+    return [r for r in read_launches(manifest) if r.trained]
+
+
+def reference_launch(manifest: dict) -> LaunchRecord | None:
+    """The first launch that trained steps the run kept; else the first launch at all."""
+    trained = training_launches(manifest)
+    if trained:
+        return trained[0]
+    launches = read_launches(manifest)
+    return launches[0] if launches else None
+
+
+def describe_lost(entry: dict) -> str:
+    """The lost launch's diagnosis as recorded by the launch that found it, or ''."""
+    lost = entry.get("lost")
+    return str(lost.get("diagnosis", "")) if isinstance(lost, dict) else ""
+
+
+def as_json_safe(value: Any) -> Any:
+    """A value made JSON-able (sets to sorted lists, tuples to lists)."""
+    if isinstance(value, dict):
+        return {str(k): as_json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_json_safe(v) for v in value]
+    if isinstance(value, set):
+        return sorted(as_json_safe(v) for v in value)
+    return value
