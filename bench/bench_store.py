@@ -36,11 +36,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
+from peak import DirtyWatch  # bench/peak.py: the script's own directory is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 8 << 20
@@ -67,30 +67,6 @@ def child_build(impl: str, out: str, paths: list[str]) -> None:
     seconds = time.perf_counter() - t0
     print(json.dumps({"seconds": seconds, "base_kb": base, "hwm_kb": _status_kb("VmHWM"),
                       "bytes": store.byte_length}))
-
-
-class DirtyWatch:
-    """Samples the system-wide Dirty figure in a thread; `.peak` in bytes."""
-
-    def __init__(self):
-        self.peak, self._stop = 0, threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("Dirty:"):
-                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
-            time.sleep(0.05)
-
-    def __enter__(self):
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
 
 
 def make_chunks(d: Path, total: int, chunks: int, dim: int) -> list[str]:

@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -42,31 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from peak import DirtyWatch  # noqa: E402  (bench/ on the path first)
+
 GB = 1e9
-
-
-class DirtyWatch:
-    """Samples the system-wide Dirty figure (/proc/meminfo) in a thread; `.peak` in bytes."""
-
-    def __init__(self):
-        self.peak, self._stop = 0, threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("Dirty:"):
-                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
-            time.sleep(0.1)
-
-    def __enter__(self):
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
 
 
 def run_child(cmd: list[str], env: dict) -> tuple[float, int, str]:

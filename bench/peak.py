@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 _LAUNCHER = (
@@ -53,3 +54,27 @@ if __name__ == "__main__":  # self-check: a parent holding 1 GB does not leak in
         hold[i] = 1
     r = run_peak([sys.executable, "-S", "-c", "b = bytearray(200 << 20)"], dict(os.environ))
     print(f"peak RSS of a 200 MiB child under a 1 GiB parent: {r['rss'] / 2**20:.0f} MiB")
+
+
+class DirtyWatch:
+    """Samples the system-wide Dirty figure (/proc/meminfo) in a thread; `.peak` in bytes."""
+
+    def __init__(self):
+        self.peak, self._stop = 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("Dirty:"):
+                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()

@@ -72,11 +72,16 @@ def evaluate(f: HostFacts, headroom_bytes: int = DEFAULT_HEADROOM_GIB << 30) -> 
         problems.append(
             "Docker Engine: `docker info` failed (not installed, not running, or no permission)"
         )
-    if f.compose is None or not f.compose.lstrip("v").startswith("2"):
+    if f.compose is None:
+        problems.append("Docker Compose v2: `docker compose version` failed (the compose plugin is "
+                        "absent); need 2.x")
+    elif not f.compose.lstrip("v").startswith("2"):
         problems.append(f"Docker Compose v2: `docker compose version` gave {f.compose!r}; need 2.x")
     need_disk = STORE_BYTES + headroom_bytes
     if f.free_bytes is None:
-        problems.append(f"work volume: {f.work_dir!r} not found; pass --work-dir")
+        where = (f"{f.work_dir!r} not found" if f.work_dir is not None
+                 else "none given and no Docker data root to default to")
+        problems.append(f"work volume: {where}; pass --work-dir")
     elif f.free_bytes < need_disk:
         problems.append(
             f"work volume {f.work_dir}: {f.free_bytes:,} B free, need {need_disk:,} B "
@@ -102,6 +107,37 @@ def notes(f: HostFacts) -> list[str]:
                 f"(cfs {CPU_QUOTA_US:,} / {CPU_PERIOD_US:,}): the containers start, and the "
                 f"quota never binds (an arm gets at most {f.cpu_count} CPUs)"]
     return []
+
+
+def _shown(value, absent: str = "absent") -> str:
+    return absent if value is None else str(value)
+
+
+def summary(f: HostFacts) -> str:
+    """The facts line: words, never Python's None, for what is absent or unknown."""
+    gpus = f"{f.gpu_count} GPU" + ("" if f.gpu_count == 1 else "s")
+    driver = f"driver {f.driver} ({gpus})" if f.driver is not None else "driver absent (no nvidia-smi)"
+    ram = f"{f.mem_total_bytes:,} B" if f.mem_total_bytes is not None else "unknown"
+    if f.work_dir is None:
+        work = "work dir none (no --work-dir, no Docker data root)"
+    elif f.free_bytes is None:
+        work = f"work {f.work_dir} (not found)"
+    else:
+        work = f"work {f.work_dir} ({f.free_bytes:,} B free)"
+    return (f"{driver}, toolkit hook {_shown(f.toolkit_hook)}, docker "
+            f"{_shown(f.docker, 'absent or unreachable')}, compose {_shown(f.compose)}, RAM {ram}, "
+            f"CPUs {_shown(f.cpu_count, 'unknown')}, {work}")
+
+
+def hints(f: HostFacts) -> list[str]:
+    """Where a host without an NVIDIA GPU can still run the project."""
+    if f.driver is not None and f.gpu_count > 0:
+        return []
+    return ["no NVIDIA GPU here, so not the GPU containers; this machine can still run the project:",
+            "without Docker (README, 'On any Linux x86_64 machine without Docker'): "
+            "./aleph-dev train-a2, then ./aleph-dev test",
+            "or the container path on CPU (README, 'the CPU image'): docker compose -f compose.yaml "
+            "-f compose.cpu.yaml up train-a2"]
 
 
 def _run(args: list[str]) -> str | None:
@@ -160,15 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     facts = gather(args.work_dir)
     problems = evaluate(facts, args.headroom_gib << 30)
-    print(
-        f"driver {facts.driver} ({facts.gpu_count} GPU), toolkit hook {facts.toolkit_hook}, "
-        f"docker {facts.docker}, compose {facts.compose}, RAM {facts.mem_total_bytes}, "
-        f"CPUs {facts.cpu_count}, work {facts.work_dir} ({facts.free_bytes} B free)"
-    )
+    print(summary(facts))
     for p in problems:
         print(f"MISSING: {p}")
     for n in notes(facts):
         print(f"NOTE: {n}")
+    for h in hints(facts):
+        print(f"HINT: {h}")
     print("host check: OK" if not problems else f"host check: {len(problems)} problem(s)")
     return 1 if problems else 0
 

@@ -45,9 +45,9 @@ def _eval(args: argparse.Namespace) -> int:
         weights_dir=args.weights, probe_captions=args.probe_captions,
         probe_targets=args.probe_targets, probe_rows=args.probe_rows,
         probe_batch=args.probe_batch, batch_size=args.batch_size, device=args.device,
-        probes=not args.no_probes,
+        probes=not args.no_probes, say=lambda line: print(line, flush=True),
     )
-    print(markdown(build([args.run_dir])), end="")
+    print(markdown(build([args.run_dir]), glossary=False), end="")
     if result["probes"] is None and not args.no_probes:
         print("- probes skipped: not a smoke run and no --probe-captions/--probe-targets given")
     print(f"- wrote {args.run_dir}/eval.json (weights sha256 {result['weights']['sha256'][:12]}, "

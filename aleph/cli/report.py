@@ -16,19 +16,21 @@ def register(subparsers) -> None:
     p.add_argument("--published", action="store_true",
                    help="add the published E1 figures as labelled reference rows")
     p.add_argument("--out", type=Path, default=None,
-                   help="directory for report.md, runs.csv, tasks.csv, report.json "
+                   help="directory for report.md, runs.csv, tasks.csv, report.json, report.png "
                    "(default: <work root>/reports)")
     p.set_defaults(func=_report)
 
 
 def _report(args: argparse.Namespace) -> int:
     from aleph._io import work_root
+    from aleph.report.plot import write_png
     from aleph.report.render import markdown, write_all
     from aleph.report.table import build
 
-    report = build([Path(d) for d in args.run_dirs], with_published=args.published)
+    run_dirs = [Path(d) for d in args.run_dirs]
+    report = build(run_dirs, with_published=args.published)
     print(markdown(report), end="")
     out = args.out if args.out is not None else work_root() / "reports"
-    for path in write_all(report, out):
+    for path in [*write_all(report, out), write_png(report, run_dirs, out / "report.png")]:
         print(f"wrote {path}")
     return 0

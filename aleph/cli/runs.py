@@ -1,4 +1,5 @@
-"""`aleph runs diff A B`: equivalence report between two run directories."""
+"""`aleph runs diff A B`: equivalence report between two run directories;
+`aleph runs list [WORK]`: every run of a work root, its status, steps, last launch, evaluation."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ NOT_EQUIVALENT_EXIT = 1
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("runs", help="compare run directories")
+    p = subparsers.add_parser("runs", help="list and compare run directories")
     sub = p.add_subparsers(dest="runs_command", metavar="RUNS_COMMAND", required=True)
     d = sub.add_parser(
         "diff", help="environment, code, config, target store and launches of two runs, with a verdict",
@@ -24,6 +25,15 @@ def register(subparsers) -> None:
     d.add_argument("--patch", action="store_true", help="print the full code diff")
     d.add_argument("--json", type=Path, default=None, help="also write the diff as JSON to this file")
     d.set_defaults(func=_diff)
+    ls = sub.add_parser(
+        "list", help="every run under WORK/runs: status, steps, last launch, evaluated or not",
+        description="Status: complete (a launch finished it and weights/final exists), running "
+        "(a live launch holds run.lock), stopped (SIGTERM/Ctrl-C, resumable), failed, lost (died "
+        "without recording its end), not started. Read only.",
+    )
+    ls.add_argument("work", nargs="?", type=Path, default=None, metavar="WORK",
+                    help="work root (default: $ALEPH_WORK, else ./work)")
+    ls.set_defaults(func=_list)
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -36,3 +46,57 @@ def _diff(args: argparse.Namespace) -> int:
     if args.json is not None:
         atomic_write_json(args.json, as_json(d))
     return NOT_EQUIVALENT_EXIT if d.verdict == "not equivalent" else 0
+
+
+def find_runs(runs_root: Path) -> list[Path]:
+    """Run directories (holding manifest.json or config.json) under `runs_root`, two levels deep."""
+    found = []
+    for d in sorted(p for p in runs_root.iterdir() if p.is_dir()):
+        if (d / "manifest.json").is_file() or (d / "config.json").is_file():
+            found.append(d)
+        else:
+            found += sorted(s for s in d.iterdir() if s.is_dir()
+                            and ((s / "manifest.json").is_file() or (s / "config.json").is_file()))
+    return found
+
+
+def list_rows(runs_root: Path) -> list[list[str]]:
+    from aleph.eval.rundir import run_state
+
+    rows = []
+    for d in find_runs(runs_root):
+        st = run_state(d)
+        steps = "—" if st["step"] is None else (
+            f"{st['step']}/{st['total_steps']}" if st["total_steps"] else str(st["step"]))
+        last = st["last_launch"]
+        launch = "—" if not last else (
+            f"{last['launch_id']} ({last.get('action') or '?'}, {last.get('status')}, "
+            f"{'ended ' + last['end'] if last.get('end') else 'started ' + str(last.get('start'))})")
+        ev = st["evaluated"]
+        if ev is None:
+            evaluated = "no" + (f": `aleph eval {d}`" if st["status"] == "complete" else "")
+        else:
+            path = str(ev.get("path") or "")
+            evaluated = "yes (" + ("final weights" if "final" in path else f"step {ev.get('step')}") + ")"
+        rows.append([str(d.relative_to(runs_root)), st["status"], steps, launch, evaluated])
+    return rows
+
+
+def _list(args: argparse.Namespace) -> int:
+    from aleph._io import work_root
+    from aleph.errors import DataError
+
+    root = args.work if args.work is not None else work_root()
+    runs_root = root / "runs"
+    if not runs_root.is_dir():
+        raise DataError(f"{runs_root}: no runs directory (is {root} a work root? `aleph train` creates it)")
+    rows = list_rows(runs_root)
+    if not rows:
+        print(f"no runs under {runs_root}")
+        return 0
+    header = ["run", "status", "steps", "last launch", "evaluated"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print(f"runs under {runs_root}:")
+    for r in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0

@@ -1,7 +1,8 @@
 """`aleph eval`: score one run's final weights and record the results in the run.
 
 Writes `eval.json` (atomic) and the same figures as TensorBoard scalars under `eval/`
-in the run's `tb/`. eval.json records the sha256 of the weights file evaluated and a
+in the run's `tb/`: one events file per evaluated step (`*.aleph-eval-step<N>`), which a
+re-evaluation of the same step replaces, so TensorBoard never shows two points at one step. eval.json records the sha256 of the weights file evaluated and a
 fingerprint of all evaluation data (every task's pairs and the probe rows/targets), so
 two eval.json files are comparable exactly when their fingerprints agree.
 """
@@ -9,6 +10,10 @@ two eval.json files are comparable exactly when their fingerprints agree.
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +22,7 @@ import torch
 from aleph._io import atomic_write_json, sha256_bytes, sha256_file, sha256_json
 from aleph.eval import rundir
 from aleph.eval.capability import capability_with_toggle
-from aleph.eval.encode import DEFAULT_BATCH, encode
+from aleph.eval.encode import DEFAULT_BATCH, Progress, encode
 from aleph.eval.probes import probe_all
 from aleph.eval.tasks import STSTask
 
@@ -41,10 +46,11 @@ class ProbeData:
 
 def evaluate_model(model, tokenizer, max_len: int, tasks: list[STSTask], probe: ProbeData | None,
                    batch_size: int = DEFAULT_BATCH, probe_batch: int = DEFAULT_PROBE_BATCH,
-                   device="cpu") -> dict:
-    """All figures for one model: capability (with toggle for bank arms) and probes."""
+                   device="cpu", say: Callable[[str], None] | None = None) -> dict:
+    """All figures for one model: capability (with toggle for bank arms) and probes;
+    `say` receives progress lines (per task, and while encoding long inputs)."""
     cfg = model.config
-    cap = capability_with_toggle(model, tokenizer, tasks, max_len, cfg.is_bank, batch_size, device)
+    cap = capability_with_toggle(model, tokenizer, tasks, max_len, cfg.is_bank, batch_size, device, say)
     result = {
         "arm": cfg.arm,
         "has_bank": cfg.is_bank,
@@ -64,9 +70,14 @@ def evaluate_model(model, tokenizer, max_len: int, tasks: list[STSTask], probe: 
     }
     if probe is not None:
         model.set_dispatch(True)
-        student = encode(model, tokenizer, list(probe.texts), max_len, batch_size, device)  # (N, D)
+        on_batch = Progress(say, "probes") if say is not None else None
+        student = encode(model, tokenizer, list(probe.texts), max_len, batch_size, device, on_batch)  # (N, D)
         result["probes"] = {**probe_all(student, probe.targets.float(), probe_batch),
                             "source": probe.source, "fingerprint": probe.fingerprint}
+        if say is not None:
+            p = result["probes"]
+            say(f"probes: {p['rows']:,} rows, R@1 {p['r_at_1']:.4f} (b={p['r_at_1_batch_size']}), "
+                f"cos->target {p['cos_target']:.4f}, erank {p['erank']:.1f}/{p['dim']}")
     fps = {t.name: t.fingerprint for t in tasks}
     fps["probe"] = probe.fingerprint if probe is not None else None
     result["eval_data_fingerprint"] = sha256_json(fps)
@@ -106,13 +117,33 @@ def scalars(result: dict) -> dict[str, float]:
     return out
 
 
-def write_scalars(tb_dir: Path, result: dict, step: int) -> None:
+EVAL_SUFFIX = ".aleph-eval-step"
+
+
+def write_scalars(tb_dir: Path, result: dict, step: int) -> Path:
+    """Write the eval/ scalars of `step` as one events file in `tb_dir`, replacing the
+    file an earlier evaluation of the same step wrote (files of other steps are kept)."""
     # Deferred import: torch.utils.tensorboard pulls in tensorboard, only needed here.
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(log_dir=str(tb_dir))
+    tb_dir = Path(tb_dir)
+    tb_dir.mkdir(parents=True, exist_ok=True)
+    suffix = f"{EVAL_SUFFIX}{step}"
+    old = [p for p in tb_dir.iterdir() if p.is_file() and p.name.endswith(suffix)]
+    tmp = Path(tempfile.mkdtemp(prefix=".eval-", dir=tb_dir))  # TensorBoard skips dot directories
     try:
-        for tag, value in scalars(result).items():
-            writer.add_scalar(tag, float(value), global_step=step)
+        writer = SummaryWriter(log_dir=str(tmp), filename_suffix=suffix)
+        try:
+            for tag, value in scalars(result).items():
+                writer.add_scalar(tag, float(value), global_step=step)
+        finally:
+            writer.close()
+        (written,) = [p for p in tmp.iterdir() if p.name.endswith(suffix)]
+        final = tb_dir / written.name
+        os.replace(written, final)  # complete before it appears; then the old file goes
     finally:
-        writer.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    for p in old:
+        if p != final:
+            p.unlink(missing_ok=True)
+    return final

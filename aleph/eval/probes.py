@@ -5,6 +5,12 @@
   The figure depends on the batch size (more candidates, harder), so it is always
   reported with it. A last batch shorter than `batch_size` is dropped, so every row is
   scored against the same number of candidates.
+  Ties split (TIE_RULE): a row whose own target shares the top score with k-1 other
+  candidates scores 1/k (the expected hit of a random pick among them); a row whose own
+  target is below the top scores 0. Candidates whose target is bit-identical to the row's
+  own target (one caption target appearing twice in a batch) are given exactly the own
+  target's score, so the figure does not depend on how the matmul rounded two copies
+  of one vector: a duplicated target is a tie, never a hit or a miss by rounding.
 - cos->target: mean cosine between a row's embedding and its own target.
 - erank: participation ratio (sum l)^2 / sum l^2 of the eigenvalues l of the embeddings'
   (centred) covariance; between 1 (one direction) and D (isotropic), reported out of D.
@@ -25,8 +31,11 @@ def _check(student: torch.Tensor, target: torch.Tensor) -> None:
         )
 
 
+TIE_RULE = "split"  # recorded in eval.json next to the figure
+
+
 def mimicry_r_at_1(student: torch.Tensor, target: torch.Tensor, batch_size: int) -> float:
-    """Fraction of rows whose own target ranks first among their batch's targets."""
+    """Fraction of rows whose own target ranks first among their batch's targets (ties split)."""
     _check(student, target)
     n_batches = student.shape[0] // batch_size
     if batch_size < 2 or n_batches == 0:
@@ -39,8 +48,13 @@ def mimicry_r_at_1(student: torch.Tensor, target: torch.Tensor, batch_size: int)
     s = s.view(n_batches, batch_size, -1)  # (n, B, D)
     t = t.view(n_batches, batch_size, -1)  # (n, B, D)
     sims = s @ t.transpose(1, 2)  # (n, B, B): row i of batch k vs every target of batch k
-    hits = sims.argmax(-1) == torch.arange(batch_size)  # (n, B)
-    return float(hits.double().mean())
+    own = torch.diagonal(sims, dim1=1, dim2=2)  # (n, B): each row's score for its own target
+    same = (t.unsqueeze(2) == t.unsqueeze(1)).all(-1)  # (n, B, B): target j bit-identical to target i
+    sims = torch.where(same, own.unsqueeze(-1), sims)  # (n, B, B) copies of the own target tie exactly
+    top = sims.max(-1).values  # (n, B)
+    tied = (sims == top.unsqueeze(-1)).sum(-1)  # (n, B) candidates sharing the top score, >= 1
+    credit = (own == top).double() / tied.double()  # (n, B) 1/k when the own target is among k tied
+    return float(credit.mean())
 
 
 def cos_to_target(student: torch.Tensor, target: torch.Tensor) -> float:
@@ -67,6 +81,7 @@ def probe_all(student: torch.Tensor, target: torch.Tensor, batch_size: int) -> d
     return {
         "r_at_1": mimicry_r_at_1(student, target, batch_size),
         "r_at_1_batch_size": batch_size,
+        "r_at_1_ties": TIE_RULE,
         "rows": int(student.shape[0]),
         "rows_scored_r_at_1": (student.shape[0] // batch_size) * batch_size,
         "cos_target": cos_to_target(student, target),

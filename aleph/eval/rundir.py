@@ -75,3 +75,73 @@ def manifest_targets(manifest: dict, source: str) -> dict:
         if isinstance(manifest.get(key), dict):
             return manifest[key]
     raise DataError(f"{source}: missing field 'targets' (the target store record)")
+
+
+LOCK = "run.lock"
+WEIGHTS_FILE = "model.safetensors"
+STATUSES = ("complete", "running", "stopped", "failed", "lost", "not started")
+
+
+def lock_held(run_dir: Path) -> bool:
+    """Whether a live launch holds `run.lock` (the trainer's exclusive flock, which the kernel
+    drops when the process dies); probed with a shared non-blocking flock on a read-only
+    descriptor, so nothing is written and no launch is blocked."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(Path(run_dir) / LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def step_weights(run_dir: Path) -> list[Path]:
+    """The run's saved `weights/step-NNNNNNNN` directories, oldest first."""
+    d = Path(run_dir) / "weights"
+    return sorted(p for p in d.glob("step-*") if (p / WEIGHTS_FILE).is_file()) if d.is_dir() else []
+
+
+def run_state(run_dir: str | Path) -> dict[str, Any]:
+    """What a run directory says about its training, read only (manifest.json, run.lock,
+    metrics.json, eval.json): {status (STATUSES), step, total_steps, last_launch {id, start,
+    end, status, action}, launches, final_weights, evaluated (eval.json's weights, or None)}.
+
+    complete: a launch recorded the run complete and weights/final exists; running: a live
+    launch holds run.lock; otherwise the last launch's status, where a launch still marked
+    running whose process no longer holds the lock is lost (it died without recording its end).
+    """
+    run_dir = Path(run_dir)
+    manifest = read_run_json(run_dir, MANIFEST, required=False) or {}
+    launches = [e for e in manifest.get("launches") or [] if isinstance(e, dict)]
+    metrics = read_run_json(run_dir, METRICS, required=False) or {}
+    final = (run_dir / FINAL_WEIGHTS / WEIGHTS_FILE).is_file()
+    last = launches[-1] if launches else {}
+    if lock_held(run_dir):
+        status = "running"
+    elif final and any(e.get("status") == "complete" for e in launches):
+        status = "complete"
+    elif not launches:
+        status = "not started"
+    else:
+        status = last.get("status") if last.get("status") in STATUSES else "lost"
+        if status == "running":
+            status = "lost"  # marked running, but no live process holds the lock
+    ev = read_run_json(run_dir, EVAL, required=False)
+    steps = (last.get("steps") or {}) if isinstance(last.get("steps"), dict) else {}
+    step = metrics.get("step") if isinstance(metrics.get("step"), int) else steps.get("to")
+    return {
+        "status": status, "step": step, "total_steps": metrics.get("total_steps"),
+        "last_launch": {k: last.get(k) for k in ("launch_id", "start", "end", "status", "action")}
+        if last else None,
+        "launches": len(launches), "final_weights": final,
+        "evaluated": (ev.get("weights") or {}) if isinstance(ev, dict) else None,
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,16 +39,45 @@ def default_tasks(config: dict) -> list[str]:
     return parse_task_names("smoke" if config.get("smoke_data") else "e1")
 
 
+def require_trained(run_dir: Path, config: dict) -> None:
+    """Without --weights, the run must be trained to the end: an incomplete run is an error
+    saying how to resume it, and which saved step `--weights` could evaluate instead."""
+    state = rundir.run_state(run_dir)
+    if state["status"] == "complete":
+        return
+    launch = state["last_launch"] or {}
+    at = f" at step {state['step']}" + (f" of {state['total_steps']}" if state["total_steps"] else "") \
+        if state["step"] is not None else ""
+    how = (f"last launch {launch.get('launch_id')} {state['status']}{at}" if launch
+           else "no launch recorded in manifest.json")
+    cmd = (f"aleph train --arm {config.get('arm', '<arm>')} --seed {config.get('seed', '<seed>')} "
+           f"--preset {config.get('preset', '<preset>')} (with the run's other options)")
+    if state["status"] == "running":
+        todo = "wait for it to finish"
+    else:
+        todo = f"resume it with the command that started it, e.g. `{cmd}`"
+    saved = rundir.step_weights(run_dir)
+    alt = (f"or evaluate a saved step with `aleph eval {run_dir} --weights {saved[-1]}`" if saved
+           else "no weights/step-N is saved yet to evaluate with --weights")
+    raise DataError(f"{run_dir}: training is incomplete ({how}; no {rundir.FINAL_WEIGHTS}): {todo}, {alt}"
+                    if not state["final_weights"] else
+                    f"{run_dir}: training is incomplete ({how}): {todo}, {alt}")
+
+
 def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str | None = None,
              weights_dir: str | None = None, probe_captions: str | None = None,
              probe_targets: str | None = None, probe_rows: int = DEFAULT_ROWS,
              probe_batch: int = DEFAULT_PROBE_BATCH, batch_size: int = 128,
-             device: str = "auto", probes: bool = True) -> dict:
+             device: str = "auto", probes: bool = True,
+             say: Callable[[str], None] | None = None) -> dict:
+    """Evaluate `run_dir` (its final weights, or `weights_dir`); `say` gets progress lines."""
     from aleph.data import load_tokenizer
     from aleph.model.io import WEIGHTS, load_model
 
     run_dir = rundir.require_run_dir(run_dir)
     config = rundir.read_run_json(run_dir, rundir.CONFIG)
+    if weights_dir is None:
+        require_trained(run_dir, config)
     wdir = Path(weights_dir) if weights_dir else run_dir / rundir.FINAL_WEIGHTS
     tok_dir = run_dir / rundir.TOKENIZER
     if not tok_dir.is_dir():
@@ -60,6 +90,9 @@ def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str |
     max_len = config.get("max_len", model.config.max_len)
     if not isinstance(max_len, int) or max_len < 1:
         raise DataError(f"{run_dir / rundir.CONFIG}: field 'max_len' must be a positive integer")
-    result = evaluate_model(model, tokenizer, max_len, tasks, probe, batch_size, probe_batch, dev)
+    if say is not None:
+        n_probe = f", probes on {len(probe.texts):,} rows" if probe is not None else ""
+        say(f"evaluating {run_dir} ({wdir}) on {dev}: {len(tasks)} task(s){n_probe}")
+    result = evaluate_model(model, tokenizer, max_len, tasks, probe, batch_size, probe_batch, dev, say)
     result["device"] = dev
     return record(run_dir, result, wdir / WEIGHTS, weights_step(run_dir, wdir))

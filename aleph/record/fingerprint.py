@@ -391,14 +391,19 @@ class Tracer:
 CACHE_ENV = "ALEPH_CODE_CACHE"
 
 
-def scope_cache_dir() -> Path:
+def scope_cache_dir() -> Path | None:
     """Where scope hashes are cached by file content: $ALEPH_CODE_CACHE, else
-    $XDG_CACHE_HOME/aleph/code-scopes, else ~/.cache/aleph/code-scopes. Keyed by the sha256
-    of a file's bytes, so one cache serves every work root and checkout (and a missing or
-    unwritable one only costs the parse)."""
+    $XDG_CACHE_HOME/aleph/code-scopes, else ~/.cache/aleph/code-scopes; None without a home.
+    Keyed by the sha256 of a file's bytes, so one cache serves every work root and checkout
+    (and a missing or unwritable one only costs the parse)."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        if home.startswith("~"):  # no HOME and no passwd entry (some containers)
+            return None
+        base = os.path.join(home, ".cache")
     return Path(base) / "aleph" / "code-scopes"
 
 

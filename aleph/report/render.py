@@ -10,8 +10,27 @@ from aleph._io import atomic_write_json, atomic_write_text
 from aleph.model.config import BANK_ARMS
 from aleph.report.table import NUMERIC, task_label
 
-SUMMARY_HEADER = ("run", "mean", "dispatch OFF", "toggle", "R@1", "cos->target", "erank/768")
+SUMMARY_HEADER = ("run", "mean", "dispatch OFF", "toggle", "R@1", "cos->target", "erank/768", "basis")
 MISSING = "—"
+# What each column of the summary table means; printed under it (and in README).
+GLOSSARY = (
+    ("mean", "capability: Spearman's rho between the cosine of the two sentence embeddings and "
+     "the gold similarity, averaged unweighted over the row's STS tasks (see basis), dispatch on"),
+    ("dispatch OFF", "the same capability with the bank's dispatched experts switched off (trunk "
+     "FFN only); n/a for the dense arm a2_dense, which has no bank"),
+    ("toggle", "dispatch OFF minus mean: negative when the dispatched experts add capability, "
+     "near 0 when the trunk carries it alone"),
+    ("R@1 (b=256)", "mimicry: share of held-out caption rows whose own teacher target scores "
+     "highest among the b targets of its batch (b candidates per query; a larger b is harder, "
+     "so figures with different b are never averaged); tied top scores share the hit (1/k)"),
+    ("cos->target", "mean cosine between a row's embedding and its own teacher target"),
+    ("erank/768", "effective rank of the embeddings: participation ratio of their covariance "
+     "spectrum, from 1 (one direction) to 768 (isotropic)"),
+    ("basis", "which rows may be compared: same config (arm and seed aside), same task set and "
+     "data, same weights (final or step N); the legend says what each letter is"),
+    ("mean / spread rows", "mean and sample standard deviation over the seeds of one arm on one "
+     "basis; runs on different bases, and published rows (basis P), are never averaged"),
+)
 
 
 def _num(value, digits: int = 4, signed: bool = False) -> str:
@@ -31,7 +50,7 @@ def summary_cells(row: dict) -> list[str]:
         r1 = row.get("r_at_1_text", MISSING)
     cos = _num(row.get("cos_target")) if row.get("cos_target") is not None else row.get("cos_target_text", MISSING)
     er = _num(row.get("erank"), 1) if row.get("erank") is not None else row.get("erank_text", MISSING)
-    return [row["run"], _num(row.get("capability")), off, toggle, r1, cos, er]
+    return [row["run"], _num(row.get("capability")), off, toggle, r1, cos, er, row.get("basis", MISSING)]
 
 
 def _md_table(header, body) -> str:
@@ -40,20 +59,27 @@ def _md_table(header, body) -> str:
     return "\n".join(lines)
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict, glossary: bool = True) -> str:
+    """The summary table, its basis legend and notes, the column glossary (unless
+    `glossary` is False), then the per-task Spearman table."""
     rows, names = report["rows"], report["task_names"]
-    parts = ["## E1 table", "", _md_table(SUMMARY_HEADER, [summary_cells(r) for r in rows])]
+    parts = ["## E1 table", "", _md_table(SUMMARY_HEADER, [summary_cells(r) for r in rows]), ""]
+    parts += [f"- {line}" for line in (*report.get("legend", []), *report["notes"])]
+    if glossary:
+        parts += ["", "## Columns", "", *glossary_lines()]
     if names:
         header = ["run", *(task_label(n) for n in names)]
         body = [[r["run"], *(_num(r["tasks"].get(n)) for n in names)] for r in rows if r.get("tasks")]
         parts += ["", "## Per-task Spearman", "", _md_table(header, body)]
-    if report["notes"]:
-        parts += ["", *(f"- {n}" for n in report["notes"])]
     return "\n".join(parts) + "\n"
 
 
+def glossary_lines() -> list[str]:
+    return [f"- **{name}**: {text}" for name, text in GLOSSARY]
+
+
 def summary_csv(report: dict) -> str:
-    fields = ["run", "kind", "arm", "seed", *NUMERIC, "r_at_1_batch_size", "dim"]
+    fields = ["run", "kind", "arm", "seed", *NUMERIC, "r_at_1_batch_size", "dim", "basis", "weights"]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     w.writeheader()

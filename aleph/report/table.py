@@ -1,31 +1,79 @@
 """The E1 results table for a set of runs, read only from each run's eval.json.
 
-Two tables: the summary (run, mean, dispatch OFF, toggle, R@1, cos->target, erank/768)
-and the per-task Spearman. Runs of the same arm with at least two seeds get a mean row
-and a spread row (sample standard deviation over the runs). Published reference rows,
-when asked for, are appended and labelled as such; they never enter the mean/spread of
-replicated runs.
+Two tables: the summary (run, mean, dispatch OFF, toggle, R@1, cos->target, erank/768,
+basis) and the per-task Spearman. Every row has a basis (A, B, ...): runs share one when
+they were trained with the same config (arm and seed aside), evaluated on the same task
+set (names and data) and on the same weights (final, or step N); the legend under the
+table says what each basis is and how it differs from A. Runs of one arm and one basis
+with at least two seeds get a mean row and a spread row (sample standard deviation);
+runs on different bases are never averaged. Published reference rows, when asked for,
+are appended with basis P; they never enter the mean/spread of replicated runs.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import statistics
 from pathlib import Path
 
+from aleph._io import sha256_json
+from aleph.errors import DataError
 from aleph.eval import rundir
 from aleph.eval.tasks import DISPLAY, E1_TASKS
 from aleph.report import published
 
 NUMERIC = ("capability", "capability_dispatch_off", "toggle", "r_at_1", "cos_target", "erank")
+PROBE_KEYS = ("r_at_1", "cos_target", "erank")
+# config.json fields that do not change what a run learns (where it logs, how often it
+# saves, how it reads its data); every other field, arm and seed aside, defines the basis.
+OPERATIONAL = frozenset({
+    "arm", "seed", "hf_token", "heartbeat_seconds", "progress_every_seconds", "log_every_steps",
+    "ckpt_every_steps", "ckpt_every_minutes", "keep_checkpoints", "weights_every_steps",
+    "vram_probe", "vram_required_gib", "alloc_cap_fraction", "store_headroom_gib",
+    "store_implementation", "store_override", "allow_input_change", "captions", "targets",
+    "tokenizer",
+})
+PUBLISHED_BASIS = "P"
+
+
+def _config(run_dir: Path) -> dict | None:
+    """The run's config.json without OPERATIONAL fields, or None when there is none."""
+    cfg = rundir.read_run_json(run_dir, rundir.CONFIG, required=False)
+    return None if cfg is None else {k: v for k, v in cfg.items() if k not in OPERATIONAL}
+
+
+def _weights(ev: dict) -> str:
+    """"final" or "step N": which weights eval.json scored (an eval.json without a path: final)."""
+    path = str((ev.get("weights") or {}).get("path") or "weights/final/")
+    if Path(path).parent.name == "final" or path.startswith("weights/final"):
+        return "final"
+    match = re.search(r"step-(\d+)", path)
+    step = (ev.get("weights") or {}).get("step")
+    return f"step {int(match.group(1)) if match else step}"
+
+
+def _not_evaluated(run_dir: Path) -> str:
+    """Why `run_dir` has no eval.json, and the command that gives it one."""
+    state = rundir.run_state(run_dir)
+    if state["status"] == "complete":
+        return f"{run_dir}: trained but not evaluated (no eval.json): run `aleph eval {run_dir}` first"
+    at = f" at step {state['step']}" if state["step"] is not None else ""
+    return (f"{run_dir}: not evaluated (no eval.json) and its training is {state['status']}{at}: "
+            f"finish it, or `aleph eval {run_dir} --weights {run_dir}/weights/step-N` for a saved step")
 
 
 def row_from_eval(run_dir: Path) -> dict:
-    """One table row from `run_dir/eval.json` (an error names the file if it is missing)."""
+    """One table row from `run_dir/eval.json` (an error names the file if it is missing,
+    and for a trained run says to run `aleph eval`)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / rundir.EVAL).is_file() and (run_dir / rundir.CONFIG).is_file():
+        raise DataError(_not_evaluated(run_dir))
     ev = rundir.read_run_json(run_dir, rundir.EVAL)
     src = str(Path(run_dir) / rundir.EVAL)
     probes = rundir.field(ev, "probes", src, default=None) or {}
     tasks = rundir.field(ev, "tasks", src, kind=dict)
+    config = _config(run_dir)
     return {
         "run": rundir.field(ev, "run_id", src, kind=str), "kind": "run",
         "arm": rundir.field(ev, "arm", src, kind=str), "seed": ev.get("seed"),
@@ -38,53 +86,139 @@ def row_from_eval(run_dir: Path) -> dict:
         "tasks": {name: rundir.field(t, "spearman", f"{src} tasks.{name}") for name, t in tasks.items()},
         "eval_data_fingerprint": ev.get("eval_data_fingerprint"),
         "weights_sha256": (ev.get("weights") or {}).get("sha256"),
+        "weights": _weights(ev),
+        "task_set": sorted(tasks),
+        "tasks_fingerprint": sha256_json({n: (t.get("fingerprint") if isinstance(t, dict) else None)
+                                          for n, t in tasks.items()}),
+        "probe_fingerprint": probes.get("fingerprint"),
+        "config": config,
+        "config_sha256": None if config is None else sha256_json(config),
+        "preset": (config or {}).get("preset"),
     }
 
 
-def arm_summaries(rows: list[dict]) -> list[dict]:
-    """Mean and spread rows per arm with >= 2 runs (replicated runs only)."""
-    out = []
+def assign_bases(rows: list[dict]) -> list[dict]:
+    """Give each run row its basis letter; return the legend entries, first seen first."""
+    keys: dict[tuple, dict] = {}
+    for r in rows:
+        if r["kind"] != "run":
+            r["basis"] = PUBLISHED_BASIS
+            continue
+        key = (r["config_sha256"], r["tasks_fingerprint"], r["weights"])
+        if key not in keys:
+            letter = chr(ord("A") + len(keys)) if len(keys) < 26 else f"Z{len(keys) - 25}"
+            keys[key] = {"basis": letter, "config": r["config"], "config_sha256": r["config_sha256"],
+                         "preset": r["preset"], "task_set": r["task_set"], "weights": r["weights"]}
+        r["basis"] = keys[key]["basis"]
+    return list(keys.values())
+
+
+def _config_delta(cfg: dict | None, ref: dict | None) -> str:
+    if cfg == ref:
+        return "same config as A"
+    if cfg is None or ref is None:
+        return "config.json missing" if cfg is None else "config differs (A has no config.json)"
+    keys = sorted(set(cfg) | set(ref))
+    diff = [f"{k}={cfg.get(k)!r} (A: {ref.get(k)!r})" for k in keys if cfg.get(k) != ref.get(k)]
+    return "config differs from A: " + ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+
+
+def legend(bases: list[dict], with_published: bool) -> list[str]:
+    """One line per basis: its config, task set and weights (differences named against A)."""
+    lines = []
+    for i, b in enumerate(bases):
+        tasks = b["task_set"]
+        shown = ", ".join(tasks) if len(tasks) <= 8 else ", ".join(tasks[:8]) + ", ..."
+        if b["config_sha256"] is None:
+            cfg = "no config.json"
+        else:
+            preset = f"preset {b['preset']}, " if b["preset"] else ""
+            cfg = f"config {preset}sha256 {b['config_sha256'][:12]}"
+            if i:
+                cfg += f"; {_config_delta(b['config'], bases[0]['config'])}"
+        lines.append(f"basis {b['basis']}: {len(tasks)} task(s) ({shown}); {b['weights']} weights; {cfg}")
+    if with_published:
+        lines.append(f"basis {PUBLISHED_BASIS}: the published E1 runs (8 E1 STS tasks, final weights, "
+                     "E1's own config and evaluation)")
+    return lines
+
+
+def arm_summaries(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """Mean and spread rows per arm and basis with >= 2 seeds (replicated runs only), and a
+    note for each arm whose runs sit on more than one basis (those are not averaged)."""
+    out, notes = [], []
     arms = sorted({r["arm"] for r in rows if r["kind"] == "run"})
     for arm in arms:
-        group = [r for r in rows if r["kind"] == "run" and r["arm"] == arm]
-        if len({r["seed"] for r in group}) < 2:
-            continue  # one seed (or replicates of it): no spread across seeds to report
-        seeds = ",".join(str(r["seed"]) for r in group)
-        mean = {"run": f"{arm} mean (n={len(group)}, seeds {seeds})", "kind": "mean", "arm": arm}
-        sd = {"run": f"{arm} spread (sd, n={len(group)})", "kind": "spread", "arm": arm}
-        for key in NUMERIC:
-            vals = [r[key] for r in group if r.get(key) is not None]
-            mean[key] = statistics.fmean(vals) if len(vals) == len(group) else None
-            sd[key] = statistics.stdev(vals) if len(vals) == len(group) else None
-        batches = {r.get("r_at_1_batch_size") for r in group}
-        mean["r_at_1_batch_size"] = sd["r_at_1_batch_size"] = next(iter(batches)) if len(batches) == 1 else None
-        if len(batches) > 1:
-            # R@1 depends on the number of in-batch candidates: figures measured with
-            # different batch sizes are not samples of one quantity, so no mean or spread.
-            mean["r_at_1"] = sd["r_at_1"] = None
-            mean["r_at_1_text"] = sd["r_at_1_text"] = "— (R@1 batch sizes differ)"
-        mean["dim"] = sd["dim"] = group[0].get("dim")
-        names = set.intersection(*(set(r["tasks"]) for r in group))
-        mean["tasks"] = {n: statistics.fmean(r["tasks"][n] for r in group) for n in names}
-        sd["tasks"] = {n: statistics.stdev(r["tasks"][n] for r in group) for n in names}
-        out += [mean, sd]
-    return out
+        runs = [r for r in rows if r["kind"] == "run" and r["arm"] == arm]
+        bases = list(dict.fromkeys(r["basis"] for r in runs))
+        if len(bases) > 1:
+            notes.append(f"{arm}: runs on bases {', '.join(bases)} are not averaged together "
+                         "(a mean row covers one basis)")
+        for basis in bases:
+            group = [r for r in runs if r["basis"] == basis]
+            if len({r["seed"] for r in group}) >= 2:  # one seed (or replicates of it): no spread
+                out += _summarise(arm, basis, group, len(bases) > 1)
+    return out, notes
+
+
+def _summarise(arm: str, basis: str, group: list[dict], name_basis: bool) -> list[dict]:
+    seeds = ",".join(str(r["seed"]) for r in group)
+    on = f"basis {basis}, " if name_basis else ""
+    mean = {"run": f"{arm} mean ({on}n={len(group)}, seeds {seeds})", "kind": "mean", "arm": arm,
+            "basis": basis}
+    sd = {"run": f"{arm} spread ({on}sd, n={len(group)})", "kind": "spread", "arm": arm, "basis": basis}
+    for key in NUMERIC:
+        vals = [r[key] for r in group if r.get(key) is not None]
+        mean[key] = statistics.fmean(vals) if len(vals) == len(group) else None
+        sd[key] = statistics.stdev(vals) if len(vals) == len(group) else None
+    probed = [r for r in group if r.get("r_at_1") is not None]
+    batches = {r.get("r_at_1_batch_size") for r in probed}
+    mean["r_at_1_batch_size"] = sd["r_at_1_batch_size"] = next(iter(batches)) if len(batches) == 1 else None
+    why = None
+    if len(probed) < len(group):
+        why = f"— (not probed: {len(group) - len(probed)} of {len(group)} runs)"
+    elif len(batches) > 1:
+        # R@1 depends on the number of in-batch candidates: figures measured with
+        # different batch sizes are not samples of one quantity, so no mean or spread.
+        why = "— (R@1 batch sizes differ)"
+    elif len({r.get("probe_fingerprint") for r in probed}) > 1:
+        why = "— (probe sets differ)"
+    if why is not None:
+        for key in PROBE_KEYS:
+            mean[key] = sd[key] = None
+            mean[f"{key}_text"] = sd[f"{key}_text"] = why if key == "r_at_1" else MISSING_TEXT
+    mean["dim"] = sd["dim"] = group[0].get("dim")
+    names = set.intersection(*(set(r["tasks"]) for r in group))
+    mean["tasks"] = {n: statistics.fmean(r["tasks"][n] for r in group) for n in names}
+    sd["tasks"] = {n: statistics.stdev(r["tasks"][n] for r in group) for n in names}
+    return [mean, sd]
+
+
+MISSING_TEXT = "—"
 
 
 def build(run_dirs: list[Path], with_published: bool = False) -> dict:
-    """All rows (runs, per-arm mean/spread, optional published references) and notes."""
+    """All rows (runs, per-arm-and-basis mean/spread, optional published references), the
+    basis legend and notes."""
     rows = [row_from_eval(Path(d)) for d in run_dirs]
     _disambiguate(rows, [Path(d) for d in run_dirs])
+    bases = assign_bases(rows)
     notes = []
-    fps = {r["eval_data_fingerprint"] for r in rows}
-    if len(fps) > 1:
-        notes.append("evaluation data differ between runs (eval_data_fingerprint): "
-                     "compare figures across those runs with care")
-    rows += arm_summaries(rows)
+    probe_fps = {r["probe_fingerprint"] for r in rows if r.get("r_at_1") is not None}
+    if len(probe_fps) > 1:
+        notes.append("probe rows differ between runs (probes.fingerprint): R@1, cos->target and "
+                     "erank of those runs are not comparable")
+    summaries, arm_notes = arm_summaries(rows)
+    rows += summaries
+    notes += arm_notes
     if with_published:
         rows += published.reference_rows()
         notes.append(f"published rows: {published.source()}")
-    return {"rows": rows, "task_names": task_names(rows), "notes": notes}
+    for r in rows:
+        if r["kind"] == "published":
+            r["basis"] = PUBLISHED_BASIS
+    return {"rows": rows, "task_names": task_names(rows), "notes": notes,
+            "legend": legend(bases, with_published)}
 
 
 def _disambiguate(rows: list[dict], dirs: list[Path]) -> None:

@@ -88,11 +88,13 @@ def build_store(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
 
 def ensure_store(sources: Sequence[str | os.PathLike], implementation: str | None = None,
                  root: str | os.PathLike | None = None, quota_bytes: int | None = None,
-                 headroom_bytes: int = DEFAULT_HEADROOM_BYTES, **build_kw) -> TargetStore:
+                 headroom_bytes: int = DEFAULT_HEADROOM_BYTES, force: bool = False,
+                 **build_kw) -> TargetStore:
     """What the trainer calls: cache hit if possible, else plan against the quota and build.
 
     `implementation=None` takes the plan's choice; an explicit one must fit the plan
-    (QuotaError otherwise, before any chunk data is read).
+    (QuotaError otherwise, before any chunk data is read), unless `force` (the caller
+    has logged that it overrides the plan, e.g. to replay the seed's in-RAM build).
     """
     store_dir = store_dir_for(sources, root)
     fingerprint = source_fingerprint(source_stats(sources))
@@ -103,5 +105,6 @@ def ensure_store(sources: Sequence[str | os.PathLike], implementation: str | Non
     chosen = implementation or p.choice
     if chosen is None:
         p.require("streaming")  # raises with the plan's reason
-    p.require(chosen)
+    if not (force and implementation):
+        p.require(chosen)
     return build_store(sources, store_dir, chosen, **build_kw)

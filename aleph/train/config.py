@@ -62,7 +62,12 @@ class TrainConfig:
     store_headroom_gib: float = 16.0
     """Memory the target store planner keeps free beside the store for the rest of the process
     (CUDA context, model and optimiser host copies, token store, interpreter), in GiB: an
-    implementation is allowed when its predicted peak <= memory limit - headroom."""
+    implementation is allowed when its predicted peak <= memory limit - headroom. Capped at a
+    quarter of the memory limit (aleph/targets/plan.py), which binds only below 64 GiB."""
+    store_override: bool = False
+    """Build the store_implementation given (streaming or in_ram) even when the quota planner
+    refuses it, e.g. to replay the seed's a1 in-RAM store inside the full envelope; the
+    override and the plan's reason are logged. Without it such a launch exits 2."""
     allow_input_change: bool = False
     """Let a resumed launch continue although its target or token store's content differs from
     what the run trained on so far (refused by default, naming both content hashes). The change
@@ -452,7 +457,7 @@ RESUMABLE_CHANGES = frozenset({
     "ckpt_every_steps", "ckpt_every_minutes", "keep_checkpoints", "weights_every_steps",
     "log_every_steps", "progress_every_seconds", "alloc_cap_fraction", "vram_probe",
     "vram_required_gib", "num_threads", "hf_token", "device", "store_implementation",
-    "allow_input_change", "heartbeat_seconds", "store_headroom_gib",
+    "allow_input_change", "heartbeat_seconds", "store_headroom_gib", "store_override",
 })
 
 

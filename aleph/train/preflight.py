@@ -199,12 +199,17 @@ def prepare_targets(cfg: TrainConfig, sources: list[str], world: World, log) -> 
     if world.distributed and impl == "in_ram":
         raise ConfigError("config field 'store_implementation': in_ram keeps one full copy per "
                           "rank; with several ranks use streaming (shared memmap) or auto")
-    p.require(impl)
+    forced = cfg.store_override and cfg.store_implementation != "auto" and not p.allowed.get(impl)
+    if forced:  # the seed's a1 replay: in_ram inside the envelope that refuses it, on purpose
+        log(f"target store: {impl} FORCED AGAINST THE QUOTA PLANNER (store_override=true); the "
+            f"plan refused it: {p.reason}")
+    else:
+        p.require(impl)
     origin = "chosen by the quota planner" if cfg.store_implementation == "auto" else "forced by config"
     log(f"target store: {impl} ({origin}): {p.reason}")
     store_dir = store_dir_for(sources)
     hit = cached_store(store_dir, source_fingerprint(source_stats(sources)), impl) is not None
-    store = ensure_store(sources, implementation=impl, headroom_bytes=headroom)
+    store = ensure_store(sources, implementation=impl, headroom_bytes=headroom, force=forced)
     log(f"target store: {'cache hit' if hit else 'built'} {store!r}")
     return store
 

@@ -120,3 +120,31 @@ def test_runs_for_real(tmp_path):
 def test_script_parses_as_python_3_10():
     # It runs with the host's python3: 3.10 on Ubuntu 22.04, the cloud-init target.
     ast.parse(SCRIPT.read_text(), feature_version=(3, 10))
+
+
+def test_facts_line_says_absent_not_none_and_points_a_gpu_less_host_elsewhere(hc, ready):
+    bare = dataclasses.replace(ready, driver=None, gpu_count=0, toolkit_hook=None, docker=None,
+                               compose=None, work_dir=None, free_bytes=None, mem_total_bytes=None)
+    line = hc.summary(bare)
+    assert "None" not in line
+    assert line.startswith("driver absent (no nvidia-smi), toolkit hook absent, docker absent or "
+                           "unreachable, compose absent, RAM unknown, CPUs 96, work dir none")
+    problems = hc.evaluate(bare)
+    assert not [p for p in problems if "None" in p]
+    assert "Docker Compose v2: `docker compose version` failed (the compose plugin is absent); need 2.x" in problems
+    hints = "\n".join(hc.hints(bare))
+    assert "./aleph-dev train-a2, then ./aleph-dev test" in hints
+    assert "docker compose -f compose.yaml -f compose.cpu.yaml up train-a2" in hints
+    # a GPU host gets the plain facts and no detour
+    assert hc.summary(ready) == ("driver 570.195.03 (2 GPUs), toolkit hook /usr/bin/nvidia-container-"
+                                 "runtime-hook, docker 27.5.1, compose 2.29.7, RAM 540,644,167,680 B, "
+                                 "CPUs 96, work /srv/aleph (400,000,000,000 B free)")
+    assert hc.hints(ready) == []
+
+
+def test_the_hints_name_commands_that_exist(hc):
+    text = "\n".join(hc.hints(hc.HostFacts(None, 0, None, None, None, None, None, None, None)))
+    readme = (REPO / "README.md").read_text()
+    assert "./aleph-dev train-a2" in readme and "On any Linux x86_64 machine without Docker" in readme
+    assert "compose.cpu.yaml up train-a2" in readme and (REPO / "compose.cpu.yaml").is_file()
+    assert "the CPU image" in readme and "the CPU image" in text

@@ -58,3 +58,22 @@ def test_malformed_cgroup_value_names_the_file(tmp_path):
 
     with pytest.raises(ConfigError, match=r"memory\.max: '12 GB' is not an integer"):
         read_envelope(_v2(tmp_path, mem="12 GB"))
+
+
+def test_v1_reads_the_own_cgroup_below_the_mount_and_the_lowest_ancestor_limit(tmp_path):
+    """A host or job runner mounts the whole v1 hierarchy: the process's own directory
+    (from /proc/self/cgroup) holds its limit; hierarchical_memory_limit is the binding one."""
+    own = tmp_path / "memory" / "jobs" / "j1"
+    own.mkdir(parents=True)
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (own / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (own / "memory.stat").write_text("cache 0\nhierarchical_memory_limit 1258291200\n")
+    cpu = tmp_path / "cpu" / "jobs" / "j1"
+    cpu.mkdir(parents=True)
+    (cpu / "cpu.cfs_quota_us").write_text("200000\n")
+    (cpu / "cpu.cfs_period_us").write_text("100000\n")
+    text = "5:cpu:/jobs/j1\n4:memory:/jobs/j1\n"
+    env = read_envelope(tmp_path, self_cgroup=text)
+    assert (env.memory_limit_bytes, env.cpu_cores) == (1_258_291_200, 2.0)
+    # a container's own namespace: the named path does not exist below the mount
+    assert read_envelope(tmp_path, self_cgroup="4:memory:/docker/abc\n").memory_limit_bytes is None

@@ -119,3 +119,25 @@ def test_unreadable_or_binary_pin_file_is_a_config_error(tmp_path):
     (tmp_path / "d" / "pip_freeze.txt").mkdir()  # a directory where the file should be
     with pytest.raises(ConfigError, match="pip_freeze.txt: cannot read the pin file"):
         parse_pins(tmp_path / "d" / "pip_freeze.txt")
+
+
+def test_installed_set_reads_only_the_headers_and_agrees_with_the_email_parser(tmp_path):
+    """The fast header read (no email parser over long descriptions) gives what
+    importlib.metadata's full parse gives, on this interpreter's whole environment too."""
+    from importlib import metadata
+
+    d = tmp_path / "long_desc-1.0.dist-info"
+    d.mkdir()
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: long-desc\nVersion: 1.0\n"
+                                "Summary: x\n\nName: not-a-header\nVersion: 9.9\n")
+    egg = tmp_path / "old_style-2.0.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 1.0\nName: old-style\nVersion: 2.0\n")
+    assert installed_packages([str(tmp_path)]) == {"long-desc": "1.0", "old-style": "2.0"}
+    slow: dict[str, str] = {}
+    for dist in metadata.distributions():
+        if dist.metadata["Name"]:
+            slow.setdefault(normalise(dist.metadata["Name"]), dist.version)
+    from aleph.env.pins import SELF_NAMES
+
+    assert installed_packages() == {n: v for n, v in slow.items() if n not in SELF_NAMES}

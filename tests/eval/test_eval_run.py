@@ -102,3 +102,47 @@ def test_a_collapsed_model_is_an_error_naming_the_task(tmp_path, work, capsys):
     save_weights(model, run / "weights" / "final")
     assert main(["eval", str(run), "--tasks", "tiny", "--tasks-dir", str(FIXTURES)]) == 2
     assert "STS task 'tiny' (file:tiny.tsv): correlation undefined" in capsys.readouterr().err
+
+
+def _tb_steps(tb_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_eval_prints_progress_and_reruns_add_no_duplicate_points(tmp_path, work, capsys):
+    run = make_run(tmp_path, "a1_anchored", seed=0, steps=0, train_scalars=False)
+    _eval(run, "--no-probes")
+    out = capsys.readouterr().out
+    assert f"evaluating {run} " in out
+    assert "dispatch on: task 1/2 smoke: 256 pairs, Spearman" in out
+    assert "dispatch off: task 2/2 tiny: 12 pairs, Spearman" in out
+    _eval(run, "--no-probes")  # the same step again: its points are replaced, not added
+    assert _tb_steps(run / "tb", "eval/capability") == [0]
+    step = run / "weights" / "step-00000040"
+    shutil.copytree(run / "weights" / "final", step)
+    _eval(run, "--no-probes", "--weights", str(step))  # another step: a second point
+    _eval(run, "--no-probes", "--weights", str(step))
+    assert sorted(_tb_steps(run / "tb", "eval/capability")) == [0, 40]
+    assert len(list((run / "tb").glob("*.aleph-eval-step40"))) == 1
+    assert not [p for p in (run / "tb").iterdir() if p.is_dir()]  # no temporary directory left
+
+
+def test_eval_of_an_incomplete_run_says_how_to_go_on(tmp_path, work, capsys):
+    run = make_run(tmp_path, "a2_dense", seed=3, steps=0, train_scalars=False, launches=[
+        {"launch_id": "20261130T010000Z-test-9", "start": "2026-11-30T01:00:00Z", "status": "stopped",
+         "exit_status": 0, "steps": {"from": 0, "to": 64}}])
+    shutil.move(run / "weights" / "final", run / "weights" / "step-00000064")
+    assert main(["eval", str(run), "--tasks", "tiny", "--tasks-dir", str(FIXTURES)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "training is incomplete (last launch 20261130T010000Z-test-9 stopped at step 0" in err
+    assert "`aleph train --arm a2_dense --seed 3 --preset smoke" in err
+    assert f"--weights {run / 'weights' / 'step-00000064'}`" in err
+    assert not (run / "eval.json").exists()
+    # the command it names works
+    rc = main(["eval", str(run), "--tasks", "tiny", "--tasks-dir", str(FIXTURES), "--no-probes",
+               "--weights", str(run / "weights" / "step-00000064")])
+    assert rc == 0 and read(run / "eval.json")["weights"]["step"] == 64

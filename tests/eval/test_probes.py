@@ -51,3 +51,35 @@ def test_erank_participation_ratio():
     assert erank(two) == pytest.approx((1 + 4) ** 2 / (1 + 16))
     # centred: a constant offset adds no direction
     assert erank(two + 5 * E[3]) == pytest.approx(25 / 17)
+
+
+def test_r_at_1_duplicated_targets_split_the_hit():
+    # rows 0 and 1 share a bit-identical target: whichever of the two the student points
+    # at, the two candidates tie, so each row scores 1/2 (never 1 or 0 by rounding)
+    target = torch.stack([E[0], E[0], E[2], E[3]])
+    student = target.clone()
+    assert mimicry_r_at_1(student, target, batch_size=4) == pytest.approx((0.5 + 0.5 + 1 + 1) / 4)
+    # tilting row 0's embedding does not break the tie: its two candidates are one vector
+    student[0] = E[0] + 1e-9 * E[1]
+    assert mimicry_r_at_1(student, target, batch_size=4) == pytest.approx(0.75)
+    # a row closer to another (distinct) target is a miss: no credit from the tie rule
+    student[1] = E[2]
+    assert mimicry_r_at_1(student, target, batch_size=4) == pytest.approx((0.5 + 0 + 1 + 1) / 4)
+    # three copies: 1/3 each; the rule is recorded beside the figure
+    target3 = torch.stack([E[1], E[1], E[1], E[3]])
+    out = probe_all(target3.clone(), target3, batch_size=4)
+    assert out["r_at_1"] == pytest.approx((3 * (1 / 3) + 1) / 4) and out["r_at_1_ties"] == "split"
+
+
+def test_r_at_1_copies_tie_even_when_rounding_differs():
+    # many copies of one random target in a wide batch: computed scores of identical
+    # columns could differ in the last bit; the rule gives exactly 1/copies each
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(3, 64, generator=g, dtype=torch.float64)
+    target = base[torch.tensor([0, 0, 0, 0, 0, 1, 2, 0])]  # row 0's target six times
+    student = target + 1e-3 * torch.randn(8, 64, generator=g, dtype=torch.float64)
+    assert mimicry_r_at_1(student, target, batch_size=8) == pytest.approx((6 * (1 / 6) + 2) / 8)
+    # the first copy's row misses (it points at row 5's target): the other five copies
+    # keep their 1/6 each; an argmax rule would credit none of them (index 0 wins the tie)
+    student[0] = base[1]
+    assert mimicry_r_at_1(student, target, batch_size=8) == pytest.approx((5 * (1 / 6) + 2) / 8)

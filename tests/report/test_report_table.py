@@ -15,15 +15,19 @@ from aleph.report.render import markdown
 TASKS = ("stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16", "biosses")
 
 
-def fake_eval(run, arm, seed, cap, off=None, r1=0.99, cos=0.8, er=90.0, fp="f" * 64):
+def fake_eval(run, arm, seed, cap, off=None, r1=0.99, cos=0.8, er=90.0, fp="f" * 64, tasks=TASKS,
+              weights="weights/final/model.safetensors", probes=True, config=None):
     """An eval.json with chosen figures (the eval path itself is tested in tests/eval)."""
     run.mkdir(parents=True, exist_ok=True)
-    tasks = {t: {"spearman": cap + 0.01 * (i - 3.5)} for i, t in enumerate(TASKS)}
+    tasks = {t: {"spearman": cap + 0.01 * (i - 3.5), "fingerprint": f"fp-{t}"} for i, t in enumerate(tasks)}
+    if config is not None:
+        atomic_write_json(run / "config.json", {"arm": arm, "seed": seed, **config})
     atomic_write_json(run / "eval.json", {
         "run_id": run.name, "arm": arm, "seed": seed, "capability": cap,
         "capability_dispatch_off": off, "toggle": None if off is None else off - cap,
-        "tasks": tasks, "eval_data_fingerprint": fp, "weights": {"sha256": "w" * 64},
-        "probes": {"r_at_1": r1, "r_at_1_batch_size": 256, "cos_target": cos, "erank": er, "dim": 768},
+        "tasks": tasks, "eval_data_fingerprint": fp, "weights": {"sha256": "w" * 64, "path": weights},
+        "probes": {"r_at_1": r1, "r_at_1_batch_size": 256, "cos_target": cos, "erank": er, "dim": 768}
+        if probes else None,
     })
     return run
 
@@ -43,9 +47,9 @@ def test_rows_means_and_spread(tmp_path):
 
     md = markdown(rep)
     lines = md.splitlines()
-    assert "| run | mean | dispatch OFF | toggle | R@1 | cos->target | erank/768 |" in lines
-    assert "| a1_anchored-s0 | 0.6000 | 0.5500 | -0.0500 | 0.9900 (b=256) | 0.8000 | 98.0 |" in lines
-    assert "| a2_dense-s0 | 0.6100 | n/a | n/a | 0.9900 (b=256) | 0.8000 | 90.0 |" in lines
+    assert "| run | mean | dispatch OFF | toggle | R@1 | cos->target | erank/768 | basis |" in lines
+    assert "| a1_anchored-s0 | 0.6000 | 0.5500 | -0.0500 | 0.9900 (b=256) | 0.8000 | 98.0 | A |" in lines
+    assert "| a2_dense-s0 | 0.6100 | n/a | n/a | 0.9900 (b=256) | 0.8000 | 90.0 | A |" in lines
     assert any(line.startswith("| a1_anchored mean (n=2, seeds 0,1) | 0.6100 |") for line in lines)
     assert "| run | STS-B | SICK-R | STS12 | STS13 | STS14 | STS15 | STS16 | BIOSSES |" in lines
 
@@ -57,10 +61,58 @@ def test_replicates_of_one_seed_are_told_apart_and_get_no_seed_spread(tmp_path):
     assert [r["run"] for r in rep["rows"]] == ["a2_dense-s0 (w1/a2_dense-s0)", "a2_dense-s0 (w2/a2_dense-s0)"]
 
 
-def test_different_eval_data_is_flagged(tmp_path):
-    a = fake_eval(tmp_path / "x-s0", "a2_dense", 0, 0.6, fp="a" * 64)
-    b = fake_eval(tmp_path / "x-s1", "a2_dense", 1, 0.6, fp="b" * 64)
-    assert any("evaluation data differ" in n for n in table.build([a, b])["notes"])
+def test_different_task_sets_weights_and_configs_are_marked_and_never_averaged(tmp_path):
+    cfg = {"preset": "smoke", "lr": 0.002, "log_every_steps": 5}
+    a = fake_eval(tmp_path / "a" / "a2_dense-s0", "a2_dense", 0, 0.60, config=cfg)
+    b = fake_eval(tmp_path / "a" / "a2_dense-s1", "a2_dense", 1, 0.62, config={**cfg, "log_every_steps": 50})
+    one = fake_eval(tmp_path / "b" / "a2_dense-s2", "a2_dense", 2, 0.90, tasks=("smoke",), config=cfg)
+    step = fake_eval(tmp_path / "c" / "a2_dense-s3", "a2_dense", 3, 0.40, config=cfg,
+                     weights="weights/step-00000064/model.safetensors")
+    other = fake_eval(tmp_path / "d" / "a2_dense-s4", "a2_dense", 4, 0.50, config={**cfg, "lr": 0.01})
+    other2 = fake_eval(tmp_path / "d" / "a2_dense-s5", "a2_dense", 5, 0.52, config={**cfg, "lr": 0.01})
+    rep = table.build([a, b, one, step, other, other2])
+    runs = {r["seed"]: r["basis"] for r in rep["rows"] if r["kind"] == "run"}
+    # how often a run logs is not a basis; tasks, weights and lr are
+    assert runs == {0: "A", 1: "A", 2: "B", 3: "C", 4: "D", 5: "D"}
+    means = [r for r in rep["rows"] if r["kind"] == "mean"]
+    assert [(m["basis"], m["capability"]) for m in means] == [("A", pytest.approx(0.61)), ("D", pytest.approx(0.51))]
+    assert means[0]["run"] == "a2_dense mean (basis A, n=2, seeds 0,1)"
+    legend = "\n".join(rep["legend"])
+    assert "basis B: 1 task(s) (smoke); final weights" in legend
+    assert "basis C: 8 task(s)" in legend and "; step 64 weights;" in legend
+    assert "basis D: 8 task(s)" in legend and "config differs from A: lr=0.01 (A: 0.002)" in legend
+    assert any("runs on bases A, B, C, D are not averaged" in n for n in rep["notes"])
+    md = markdown(rep)
+    assert "| a2_dense-s3 | 0.4000 | n/a | n/a | 0.9900 (b=256) | 0.8000 | 90.0 | C |" in md
+
+
+def test_a_run_without_probes_is_not_called_a_batch_size_difference(tmp_path):
+    a = fake_eval(tmp_path / "a2_dense-s0", "a2_dense", 0, 0.60)
+    b = fake_eval(tmp_path / "a2_dense-s1", "a2_dense", 1, 0.62, probes=False)
+    rep = table.build([a, b])
+    mean = next(r for r in rep["rows"] if r["kind"] == "mean")
+    assert mean["capability"] == pytest.approx(0.61) and mean["r_at_1"] is None
+    md = markdown(rep)
+    assert "batch sizes differ" not in md
+    assert "| a2_dense mean (n=2, seeds 0,1) | 0.6100 | n/a | n/a | — (not probed: 1 of 2 runs) | — | — | A |" in md
+
+
+def test_the_glossary_is_printed_under_the_table(tmp_path, capsys):
+    a = fake_eval(tmp_path / "a1_anchored-s0", "a1_anchored", 0, 0.6, off=0.5)
+    assert main(["report", str(a), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    table_end = out.index("| a1_anchored-s0 |")
+    for name in ("mean", "dispatch OFF", "toggle", "R@1 (b=256)", "cos->target", "erank/768", "basis"):
+        assert out.index(f"- **{name}**: ") > table_end, name
+    assert "tied top scores share the hit" in out and "n/a for the dense arm" in out
+
+
+def test_report_on_a_trained_but_not_evaluated_run_says_to_run_eval(tmp_path, capsys):
+    run = make_run(tmp_path, "a2_dense", seed=0, steps=0, train_scalars=False)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"aleph report: error: {run}: trained but not evaluated (no eval.json): "
+                   f"run `aleph eval {run}` first")
 
 
 def test_published_rows_are_labelled_and_sourced(tmp_path):
@@ -71,7 +123,7 @@ def test_published_rows_are_labelled_and_sourced(tmp_path):
     assert all(r["run"].startswith("E1 published ") for r in pub)
     assert pub[1]["tasks"]["sts15"] == 0.7094 and pub[0]["tasks"] == {}
     md = markdown(rep)
-    assert "| E1 published a1_anchored-s1 | 0.6007 | — | — | about 0.998 | about 0.839-0.842 | about 98.6-99.2 of 768 |" in md
+    assert "| E1 published a1_anchored-s1 | 0.6007 | — | — | about 0.998 | about 0.839-0.842 | about 98.6-99.2 of 768 | P |" in md
     assert "| E1 published a1_anchored-s1 | 0.5681 | 0.6512 | 0.4931 |" in md
     assert published.source() in md and "model cards" in published.source()
     # reference rows never enter a replication's mean
@@ -124,3 +176,19 @@ def test_r_at_1_of_different_batch_sizes_is_not_averaged(tmp_path):
     assert mean["kind"] == "mean" and mean["r_at_1"] is None and sd["r_at_1"] is None
     assert mean["capability"] == pytest.approx(0.61)  # the other columns are still summarised
     assert "R@1 batch sizes differ" in markdown(table.build([a, b]))
+
+
+def test_report_writes_the_picture_as_a_png_of_the_stated_size(tmp_path, capsys):
+    import struct
+
+    from aleph.report import plot
+
+    run = make_run(tmp_path / "w", "a1_anchored", seed=0, steps=100)  # train/loss at steps 0, 50, 100
+    fake_eval(run, "a1_anchored", 0, 0.6, off=0.55)
+    assert [s for s, _ in plot.read_scalars(run)["train/loss"]] == [0, 50, 100]
+    out = tmp_path / "rep"
+    assert main(["report", str(run), "--published", "--out", str(out)]) == 0
+    assert f"wrote {out / 'report.png'}" in capsys.readouterr().out
+    data = (out / "report.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert struct.unpack(">II", data[16:24]) == plot.SIZE_PX == (1500, 800)

@@ -34,6 +34,20 @@ def test_seed_figures_refuse_in_ram_and_accept_streaming():
     assert plan(infos, quota_bytes=SEED_QUOTA, headroom_bytes=0).allowed["in_ram"]
 
 
+def test_headroom_is_capped_at_a_quarter_of_a_small_quota():
+    # A smoke-sized store inside an 8 GiB cgroup (a CI runner): the fixed 16 GiB headroom
+    # left a negative budget and refused even 3 MB; capped at quota/4 it plans streaming.
+    infos = [ChunkInfo("smoke.npy", 4096, 768, "float16")]
+    p = plan(infos, quota_bytes=8 << 30)
+    assert p.choice == "streaming" and p.allowed == {"streaming": True, "in_ram": True}
+    assert p.headroom_bytes == 2 << 30
+    assert "(capped at 1/4 of the quota from 17,179,869,184 B (16.00 GiB))" in p.reason
+    # At the seed's quota the cap does not bind: the stated 16 GiB stays.
+    seed = [ChunkInfo(f"c{i}.pt", n, SEED_DIM, "float16") for i, n in enumerate(seed_chunk_rows())]
+    assert plan(seed, quota_bytes=SEED_QUOTA).headroom_bytes == 16 << 30
+    assert "capped" not in plan(seed, quota_bytes=SEED_QUOTA).reason
+
+
 def test_nothing_fits_a_tiny_quota():
     infos = [ChunkInfo("a.pt", 1000, 8, "float32")]
     p = plan(infos, quota_bytes=1000, headroom_bytes=0)

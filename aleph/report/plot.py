@@ -1,0 +1,181 @@
+"""The E1 picture: `aleph report` writes it as report.png beside the tables.
+
+Six panels, 1500 x 800 px: training loss per run over samples seen (from each run's
+TensorBoard `train/loss`, x = step x the global batch of its config.json), capability
+per arm and seed (dispatch on; open markers: dispatch off; published E1 runs as black
+crosses when asked for or when the runs are e1-preset runs), and four bank health gauges
+of the a1/a3 runs over samples, each averaged over the layers (`health/layerNN/<gauge>`):
+gate mean, anchor drift, usage perplexity and the share of negative address weights.
+Rendered with matplotlib's Agg backend (no display needed), written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+from pathlib import Path
+
+from aleph._io import atomic_write_bytes
+from aleph.eval import rundir
+from aleph.report import published
+
+SIZE_PX = (1500, 800)
+DPI = 100
+ARM_COLOURS = {"a1_anchored": "#1f77b4", "a2_dense": "#ff7f0e", "a3_random": "#2ca02c"}
+ARM_ORDER = ("a1_anchored", "a2_dense", "a3_random")
+HEALTH = (("gate_mean", "gate_mean: sigmoid(gate), mean over experts"),
+          ("anchor_drift", "anchor_drift: 1 - cos(anchor, init)"),
+          ("usage_ppl", "usage_ppl: expert usage perplexity (1..2K)"),
+          ("neg_frac", "neg_frac: share of negative address weights"))
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def read_scalars(run_dir: Path, prefixes: tuple[str, ...] = ("train/", "health/")) -> dict[str, list]:
+    """{tag: [(step, value), ...]} of a run's tb/ (sorted by step; the last value of a step
+    wins), for the tags starting with one of `prefixes`; {} when the run has no tb/."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = Path(run_dir) / rundir.TB
+    if not tb.is_dir():
+        return {}
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags().get("scalars", []):
+        if tag.startswith(prefixes):
+            by_step = {e.step: e.value for e in acc.Scalars(tag)}
+            out[tag] = sorted(by_step.items())
+    return out
+
+
+def _samples_per_step(run_dir: Path) -> int | None:
+    cfg = rundir.read_run_json(run_dir, rundir.CONFIG, required=False) or {}
+    b = cfg.get("batch_size")
+    return b if isinstance(b, int) and b > 0 else None
+
+
+def _label(row: dict) -> str:
+    return row["run"]
+
+
+def render_png(report: dict, run_dirs: list[Path]) -> bytes:
+    """The picture of `report` (aleph.report.table.build of `run_dirs`) as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in report["rows"] if r["kind"] == "run"]
+    dirs = [Path(d) for d in run_dirs]
+    fig, axes = plt.subplots(2, 3, figsize=(SIZE_PX[0] / DPI, SIZE_PX[1] / DPI), dpi=DPI)
+    try:
+        scalars = [read_scalars(d) for d in dirs]
+        per_step = [_samples_per_step(d) for d in dirs]
+        x_is_samples = all(p is not None for p in per_step)
+        xlabel = "samples seen" if x_is_samples else "step"
+        _loss_panel(axes[0][0], runs, scalars, per_step, x_is_samples, xlabel)
+        _capability_panel(axes[0][1], report, runs)
+        health_axes = [axes[0][2], axes[1][0], axes[1][1], axes[1][2]]
+        for ax, (gauge, title) in zip(health_axes, HEALTH, strict=True):
+            _health_panel(ax, gauge, title, runs, scalars, per_step, x_is_samples, xlabel)
+        fig.suptitle("E1 runs: " + ", ".join(r["run"] for r in runs), fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.96))
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def _style(runs: list[dict], row: dict) -> dict:
+    same_arm = [r for r in runs if r["arm"] == row["arm"]]
+    i = same_arm.index(row)
+    return {"color": ARM_COLOURS.get(row["arm"], "grey"), "linestyle": LINESTYLES[i % len(LINESTYLES)]}
+
+
+def _xs(points, per_step, x_is_samples):
+    return [s * per_step if x_is_samples else s for s, _ in points]
+
+
+def _loss_panel(ax, runs, scalars, per_step, x_is_samples, xlabel) -> None:
+    drawn = 0
+    for row, sc, ps in zip(runs, scalars, per_step, strict=True):
+        pts = sc.get("train/loss")
+        if pts:
+            ax.plot(_xs(pts, ps, x_is_samples), [v for _, v in pts], label=_label(row), **_style(runs, row))
+            drawn += 1
+    ax.set_title("training loss (distillation: NCE + MSE)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("loss (log scale)")
+    if drawn:
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "no train/loss scalars in the runs' tb/")
+    ax.grid(alpha=0.3)
+
+
+def _capability_panel(ax, report, runs) -> None:
+    arms = [a for a in ARM_ORDER if any(r["arm"] == a for r in runs)]
+    arms += sorted({r["arm"] for r in runs} - set(arms))
+    show_published = any(r["kind"] == "published" for r in report["rows"]) or \
+        any(r.get("preset") == "e1" for r in runs)
+    pub = [r for r in report["rows"] if r["kind"] == "published"] or \
+        (published.reference_rows() if show_published else [])
+    for a in (r["arm"] for r in pub):
+        if a not in arms:
+            arms.append(a)
+    labelled = False
+    for i, arm in enumerate(arms):
+        group = [r for r in runs if r["arm"] == arm]
+        for j, r in enumerate(group):
+            x = i + (j - (len(group) - 1) / 2) * 0.15
+            ax.plot([x], [r["capability"]], "o", color=ARM_COLOURS.get(arm, "grey"), markersize=8)
+            if r.get("capability_dispatch_off") is not None:
+                ax.plot([x], [r["capability_dispatch_off"]], "o", mfc="none",
+                        color=ARM_COLOURS.get(arm, "grey"), markersize=8)
+            ax.annotate(f"s{r['seed']} ({r.get('basis', '?')})", (x, r["capability"]),
+                        textcoords="offset points", xytext=(6, 4), fontsize=8)
+        for j, r in enumerate(p for p in pub if p["arm"] == arm):
+            ax.plot([i + 0.3 + 0.08 * j], [r["capability"]], "x", color="black", markersize=8,
+                    label=None if labelled else "published E1 runs (basis P)")
+            labelled = True
+    ax.set_xticks(range(len(arms)), arms)
+    ax.set_xlim(-0.6, len(arms) - 0.2)
+    ax.set_title("capability (mean STS Spearman) per arm and seed")
+    ax.set_ylabel("Spearman (filled: dispatch on, open: off)")
+    if pub:
+        ax.legend(fontsize=8, loc="center right")
+    ax.grid(alpha=0.3, axis="y")
+
+
+def _health_panel(ax, gauge, title, runs, scalars, per_step, x_is_samples, xlabel) -> None:
+    drawn = 0
+    for row, sc, ps in zip(runs, scalars, per_step, strict=True):
+        layers = [pts for tag, pts in sc.items()
+                  if tag.startswith("health/layer") and tag.rsplit("/", 1)[-1] == gauge]
+        if not layers:
+            continue
+        by_step: dict[int, list[float]] = defaultdict(list)
+        for pts in layers:
+            for s, v in pts:
+                by_step[s].append(v)
+        pts = sorted((s, sum(v) / len(v)) for s, v in by_step.items())
+        ax.plot(_xs(pts, ps, x_is_samples), [v for _, v in pts], label=_label(row), **_style(runs, row))
+        drawn += 1
+    ax.set_title(f"bank health (mean over layers)\n{title}", fontsize=10)
+    ax.set_xlabel(xlabel)
+    if drawn:
+        ax.legend(fontsize=8)
+    else:
+        _empty(ax, "no bank arm (a1/a3) with health scalars")
+    ax.grid(alpha=0.3)
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
+
+
+def write_png(report: dict, run_dirs: list[Path], path: Path) -> Path:
+    atomic_write_bytes(Path(path), render_png(report, run_dirs))
+    return Path(path)

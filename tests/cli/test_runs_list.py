@@ -1,0 +1,63 @@
+"""`aleph runs list [WORK]` on fabricated run directories (manifest.json, run.lock, metrics, eval)."""
+
+import fcntl
+import os
+
+from aleph._io import atomic_write_json
+from aleph.cli import main
+
+
+def _run(root, name, statuses, final=False, step=64, evaluated=None):
+    d = root / "runs" / name
+    launches = [{"launch_id": f"L{i}", "start": f"2026-11-30T0{i}:00:00Z", "status": s, "action": "trained",
+                 **({"end": f"2026-11-30T0{i}:30:00Z"} if s != "running" else {})}
+                for i, s in enumerate(statuses)]
+    atomic_write_json(d / "manifest.json", {"run_id": name, "launches": launches})
+    atomic_write_json(d / "config.json", {"arm": "a2_dense", "seed": 0, "preset": "smoke"})
+    atomic_write_json(d / "metrics.json", {"step": step, "total_steps": 128})
+    (d / "run.lock").write_text('{"pid": 1, "host": "gone", "start": "2026-11-30T00:00:00Z"}\n')
+    if final:
+        (d / "weights" / "final").mkdir(parents=True)
+        (d / "weights" / "final" / "model.safetensors").write_bytes(b"x")
+    if evaluated:
+        atomic_write_json(d / "eval.json", {"weights": {"path": evaluated, "step": step}})
+    return d
+
+
+def _table(capsys):
+    lines = capsys.readouterr().out.splitlines()
+    return {line.split()[0]: line.split(None, 2)[1:] for line in lines[2:]}, lines
+
+
+def test_runs_list_status_steps_launch_and_evaluation(tmp_path, capsys):
+    _run(tmp_path, "a1_anchored-s0", ["complete"], final=True, step=128, evaluated="weights/final/model.safetensors")
+    _run(tmp_path, "a2_dense-s0", ["stopped"], evaluated="weights/step-00000064/model.safetensors")
+    _run(tmp_path, "a3_random-s0", ["stopped", "running"])  # marked running, nobody holds the lock
+    live = _run(tmp_path, "a3_random-s1", ["running"], step=10)
+    _run(tmp_path, "a2_dense-s1", ["complete"], final=True, step=128)
+    fd = os.open(live / "run.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live launch holds it
+        assert main(["runs", "list", str(tmp_path)]) == 0
+    finally:
+        os.close(fd)
+    rows, lines = _table(capsys)
+    assert lines[0] == f"runs under {tmp_path / 'runs'}:" and lines[1].split() == [
+        "run", "status", "steps", "last", "launch", "evaluated"]
+    assert rows["a1_anchored-s0"][0] == "complete" and rows["a1_anchored-s0"][1].startswith("128/128  L0 (trained, complete")
+    assert rows["a1_anchored-s0"][1].endswith("yes (final weights)")
+    assert rows["a2_dense-s0"][0] == "stopped" and rows["a2_dense-s0"][1].endswith("yes (step 64)")
+    assert rows["a3_random-s0"][0] == "lost" and "L1 (trained, running, started 2026-11-30T01:00:00Z)" in rows["a3_random-s0"][1]
+    assert rows["a3_random-s1"][0] == "running" and rows["a3_random-s1"][1].startswith("10/128")
+    assert rows["a2_dense-s1"][1].endswith(f"no: `aleph eval {tmp_path / 'runs' / 'a2_dense-s1'}`")
+    # the lock is released: the same run now reads as lost; nothing was written by listing
+    assert main(["runs", "list", str(tmp_path)]) == 0
+    assert _table(capsys)[0]["a3_random-s1"][0] == "lost"
+    assert (live / "run.lock").read_text().startswith('{"pid": 1, "host": "gone"')
+
+
+def test_runs_list_names_a_missing_work_root(tmp_path, capsys):
+    assert main(["runs", "list", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"aleph runs: error: {tmp_path / 'nowhere' / 'runs'}: no runs directory "
+        f"(is {tmp_path / 'nowhere'} a work root? `aleph train` creates it)")
