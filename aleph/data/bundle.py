@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from aleph._io import (
     atomic_write_json,
     atomic_write_text,
-    fsync_dir,
     read_json,
     sha256_file,
     work_root,
 )
+from aleph.data.tokenizer import save_pretrained_atomic
 from aleph.errors import DataError
 
 FORMAT = "aleph-offline-bundle"
@@ -99,20 +97,7 @@ def tokenizer_dir(name: str, root: Path | None = None) -> Path | None:
 
 def add_tokenizer(root: Path, name: str, tokenizer, fingerprint: str) -> Path:
     """Save `tokenizer` (fetched as hub name `name`) into the bundle; its directory."""
-    final = root / "tokenizers" / _slug(name)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
-        tokenizer.save_pretrained(str(tmp))
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(final.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    final = save_pretrained_atomic(tokenizer, root / "tokenizers" / _slug(name))
     _update_manifest(root, "tokenizers", name,
                      {"dir": f"tokenizers/{final.name}", "fingerprint": fingerprint})
     return final

@@ -159,15 +159,24 @@ def train_wordpiece(captions: Iterable[str], out_dir: str | Path, vocab_size: in
 
     bert = BertTokenizer(vocab=wordpiece_vocab(captions, vocab_size), do_lower_case=True,
                          model_max_length=512)
+    return save_pretrained_atomic(bert, out_dir)
+
+
+def save_pretrained_atomic(tokenizer, out_dir: str | Path) -> Path:
+    """`tokenizer.save_pretrained` into a temporary sibling directory, fsynced, then renamed
+    over `out_dir`: the directory is complete or absent, never half-written."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    bert.save_pretrained(str(tmp))
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    fsync_dir(out_dir.parent)
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+        fsync_dir(out_dir.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
