@@ -19,6 +19,10 @@ Under 8 minutes on one GPU (most of it torch.compile). Items, in order:
                    dropout 0); needs 2 GPUs (NCCL refuses two ranks on one GPU): else SKIP
   gather-pin       the target store's gather(pin=True), streaming and in-RAM: page-locked,
                    equal to the plain gather; pinned vs plain host-to-device rows/s
+  step-path        the trainer's CUDA step path in-process: fused AdamW; this device's RNG
+                   state saved and restored, a per-rank stream derived from a CPU-saved
+                   state; pinned prefetched batches; one host sync per train_step (counted
+                   with torch.cuda.set_sync_debug_mode)
   campaign         `aleph campaign` of two smoke arms on every visible GPU (device=cuda):
                    complete, each run pinned to one GPU, evaluated, report and diff matrix
 
@@ -57,6 +61,7 @@ ITEMS = {
     "ckpt-alone": "checkpointing alone trains (E1 shape)",
     "nccl-2proc": "2 NCCL ranks (torchrun) follow the 1-process trajectory",
     "gather-pin": "target store gather(pin=True)",
+    "step-path": "fused AdamW, per-device RNG, pinned prefetch, one sync per step",
     "campaign": "aleph campaign on the visible GPUs",
 }
 BUDGET_S = 8 * 60
@@ -93,8 +98,12 @@ def train_argv(item: str) -> list[str]:
 
 
 def run_id(item: str) -> str:
-    arm, seed, _, _ = LAUNCHES[item]
-    return f"{arm}-s{seed}"
+    """The run name of an item's launch under <work>/runs (aleph.train.identity.run_name:
+    runs/<arm>-s<seed> for e1, runs/smoke/<arm>-s<seed> for the smoke preset)."""
+    from aleph.train.identity import run_name
+
+    arm, seed, base, _ = LAUNCHES[item]
+    return run_name(base[base.index("--preset") + 1], arm, seed)
 
 
 @dataclass
@@ -379,6 +388,99 @@ def item_gather_pin(ctx: Ctx) -> Result:
     return Result("PASS", f"{store.rows:,} x {store.dim} store; " + "; ".join(parts))
 
 
+def item_step_path(ctx: Ctx) -> Result:
+    """The CUDA-only parts of the step path, in this process on GPU 0 (E1 width, 2 blocks)."""
+    import torch
+
+    from aleph.model import ModelConfig, build_model
+    from aleph.train import checkpoint as ckpt
+    from aleph.train.config import resolve
+    from aleph.train.distributed import World
+    from aleph.train.loop import make_optimizer, make_scheduler, train_step
+
+    dev = torch.device("cuda", 0)
+    cfg = resolve("e1", arm="a1_anchored", overrides=["smoke_data=true", "tokenizer="])
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arm="a1_anchored", vocab_size=30522, n_layers=2)).to(dev)
+    opt = make_optimizer(model, cfg)
+    if not opt.defaults.get("fused"):
+        return Result("FAIL", "AdamW is not fused on CUDA")
+    sched = make_scheduler(opt, cfg, 10)
+    state = ckpt.rng_state(dev)
+    drawn = torch.rand(4, device=dev)
+    restored = ckpt.set_rng_state(state, dev)
+    if restored != "restored" or not torch.equal(torch.rand(4, device=dev), drawn):
+        return Result("FAIL", f"this device's RNG state did not round-trip ({restored})")
+    cpu_saved = ckpt.rng_state(torch.device("cpu"))
+    streams = []
+    for rank in (0, 1):
+        torch.cuda.manual_seed_all(cfg.seed)
+        how = ckpt.set_rng_state(cpu_saved, dev, ckpt.stream_seed(cfg.seed, rank, 7))
+        streams.append(torch.rand(4, device=dev))
+    if how != "derived" or torch.equal(*streams):
+        return Result("FAIL", "a CPU-saved state resumed on CUDA: ranks draw the same stream")
+    ids, mask, target = _pinned_batch(dev)
+    if ids is None:
+        return Result("FAIL", "the prefetched host batch is not page-locked")
+    syncs = []
+    for step in range(3):  # the first steps create the optimiser state; count the last
+        syncs = _count_syncs(lambda k=step: train_step(model, opt, sched, ids, mask, target,
+                                                       cfg, World(), k, dev))
+    if len(syncs) != 1:
+        return Result("FAIL", f"{len(syncs)} host syncs in one train_step (expected 1): "
+                      + "; ".join(syncs[:3]))
+    return Result("PASS", "fused AdamW; device RNG restored, per-rank streams derived; pinned "
+                  "batch; 1 host sync per train_step")
+
+
+def _pinned_batch(dev):
+    """Step 0's batch of real stores built from the smoke data, through the trainer's
+    prefetcher; (None, None, None) when the host batch is not page-locked."""
+    from aleph.data.smoke import ensure_smoke_data
+    from aleph.data.tokenizer import load_tokenizer
+    from aleph.data.tokens import build_token_store
+    from aleph.targets import build_store
+    from aleph.train.distributed import World
+    from aleph.train.loop import DataOrder
+    from aleph.train.prefetch import BatchSource, Prefetcher
+
+    root = Path(tempfile.mkdtemp(prefix="step-path-"))
+    try:
+        data = ensure_smoke_data(root / "smoke", rows=512)
+        captions = data.captions.read_text(encoding="utf-8").splitlines()
+        tokens = build_token_store(captions, load_tokenizer(data.tokenizer_dir),
+                                   root / "tokens", 128)
+        targets = build_store([str(p) for p in data.target_chunks], root / "targets")
+        src = BatchSource(tokens, targets, DataOrder(0, tokens.rows, 256), World(), dev, False)
+        if not all(t.is_pinned() for t in src.host(0, 0)):
+            return None, None, None
+        pf = Prefetcher(src, 2)
+        try:
+            return pf.take(0, 0, 0)
+        finally:
+            pf.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _count_syncs(fn) -> list[str]:
+    """The synchronising CUDA calls `fn` makes, as torch's sync debug mode reports them."""
+    import warnings
+
+    import torch
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return [str(w.message).splitlines()[0] for w in caught
+            if "synchroniz" in str(w.message).lower()]
+
+
 def item_campaign(ctx: Ctx) -> Result:
     w = ctx.work / "campaign"
     p = run([sys.executable, "-m", "aleph", *CAMPAIGN_ARGV], w, 420)
@@ -387,7 +489,7 @@ def item_campaign(ctx: Ctx) -> Result:
     state = json.loads((w / "campaigns" / "gpu-check" / "campaign.json").read_text())
     parts, spans = [], []
     for rid, r in state["runs"].items():
-        man = json.loads((w / "runs" / rid / "manifest.json").read_text())
+        man = json.loads((w / "runs" / "smoke" / rid / "manifest.json").read_text())  # GPU_SMOKE
         dev = (man["launches"][-1].get("execution") or {}).get("device")
         if r["status"] != "complete" or len(r["launches"]) != 1 or dev != "cuda:0":
             return Result("FAIL", f"{rid}: status {r['status']}, {len(r['launches'])} launches, "
@@ -409,7 +511,7 @@ RUNNERS = {
     "bench-compiled": item_bench_compiled, "train-header": item_train_header,
     "compile-ckpt-refused": item_compile_ckpt_refused, "compile-alone": item_compile_alone,
     "ckpt-alone": item_ckpt_alone, "nccl-2proc": item_nccl, "gather-pin": item_gather_pin,
-    "campaign": item_campaign,
+    "step-path": item_step_path, "campaign": item_campaign,
 }
 
 

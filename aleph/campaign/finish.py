@@ -1,7 +1,7 @@
 """After the runs: evaluate each, the E1 table, the `runs diff` matrix, the summary.
 
 Through the public functions of the layers below: aleph.eval.runner.run_eval (what `aleph
-eval` calls), aleph.report.table.build + render.write_all (`aleph report`) and
+eval` calls), aleph.report.table.build + render.write_all + plot.write_png (`aleph report`) and
 aleph.report.diff.diff_runs + diff_text (`aleph runs diff`). Everything is written under
 the campaign directory; a restart re-evaluates only runs whose final weights or
 evaluation options changed, and rewrites the report, the matrix and the summary.
@@ -72,7 +72,7 @@ def evaluate(c, opts: EvalOptions) -> dict[str, str]:
     for rid in c.state.with_status(COMPLETE):
         if c.stopping:
             return errors
-        run, rd = c.state.run(rid), rundirs.run_dir(rid)
+        run, rd = c.state.run(rid), rundirs.run_dir(c.configs[rid])
         sha = rundirs.weights_sha256(rd)
         done = run.get("eval") or {}
         if done.get("weights_sha256") == sha and done.get("options") == wanted and _eval_sha(rd) == sha:
@@ -108,12 +108,16 @@ def _eval_sha(rd: Path) -> str | None:
 
 
 def report(c, rids: list[str], published: bool) -> tuple[str, list[Path]]:
-    """`aleph report` of the evaluated runs into <campaign>/report/."""
+    """`aleph report` of the evaluated runs into <campaign>/report/: the tables and, as
+    `aleph report` writes it, report.png (loss curves, capability, bank health)."""
+    from aleph.report.plot import write_png
     from aleph.report.render import markdown, write_all
     from aleph.report.table import build
 
-    rep = build([rundirs.run_dir(r) for r in rids], with_published=published)
-    return markdown(rep), write_all(rep, c.dir / "report")
+    run_dirs = [rundirs.run_dir(c.configs[r]) for r in rids]
+    rep = build(run_dirs, with_published=published)
+    out = c.dir / "report"
+    return markdown(rep), [*write_all(rep, out), write_png(rep, run_dirs, out / "report.png")]
 
 
 def diff_matrix(c, rids: list[str], repo: Path | None) -> tuple[str, Path, Path]:
@@ -126,7 +130,7 @@ def diff_matrix(c, rids: list[str], repo: Path | None) -> tuple[str, Path, Path]
     for a, b in itertools.combinations(rids, 2):
         stem = c.dir / "diffs" / f"{a}__{b}"
         try:
-            d = diff_runs(rundirs.run_dir(a), rundirs.run_dir(b), repo=repo)
+            d = diff_runs(rundirs.run_dir(c.configs[a]), rundirs.run_dir(c.configs[b]), repo=repo)
         except (AlephError, OSError) as e:
             pairs.append({"a": a, "b": b, "verdict": f"error: {e}", "blockers": [], "caveats": [],
                           "file": None})

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from aleph._io import atomic_write_text, work_root
-from aleph.campaign import finish
+from aleph._io import atomic_write_text
+from aleph.campaign import finish, rundirs
 from aleph.campaign.runner import Campaign
 from aleph.campaign.spec import Spec, check_devices, parse_devices, resolve_configs
 from aleph.campaign.state import COMPLETE, FAILED
@@ -60,7 +60,8 @@ def _where(c: Campaign) -> dict[str, str]:
         "state": str(c.state.path),
         "campaign log": str(c.dir / "campaign.log"),
         "launch logs (one per launch: the trainer's console)": f"{c.dir / 'launches'}/<run>.<n>.log",
-        "run directories (the trainer's own logs in launches/)": f"{work_root() / 'runs'}/<run>/",
+        "run directories (the trainer's own logs in launches/)":
+            f"{rundirs.run_dir(next(iter(c.configs.values()))).parent}/<arm>-s<seed>/",
         "summary": str(c.dir / "summary.md"),
     }
 

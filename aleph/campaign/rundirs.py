@@ -9,17 +9,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aleph._io import read_json, sha256_file, work_root
+from aleph._io import read_json, sha256_file
 from aleph.errors import ConfigError
 from aleph.record.launch import COMPLETE, FAILED, STOPPED
-from aleph.train.identity import LAUNCH_DIR
+from aleph.train.identity import LAUNCH_DIR, run_dir_for
 
 MANIFEST, CONFIG = "manifest.json", "config.json"
 FINAL_WEIGHTS = Path("weights") / "final" / "model.safetensors"
 
 
-def run_dir(rid: str) -> Path:
-    return work_root() / "runs" / rid
+def run_dir(cfg) -> Path:
+    """The run directory of a campaign run's config: the trainer's own (identity.run_dir_for:
+    runs/<arm>-s<seed> for e1, runs/<preset>/<arm>-s<seed> otherwise)."""
+    return run_dir_for(cfg)
 
 
 def _manifest(rd: Path) -> dict[str, Any] | None:

@@ -150,7 +150,7 @@ class Campaign:
                     if pid is not None:
                         e.update(pid=pid, pid_start=started)
                 live = procs.alive(pid, started)
-            elif procs.lock_holder(rundirs.run_dir(rid)):
+            elif procs.lock_holder(rundirs.run_dir(self.configs[rid])):
                 live = True  # another host: only its lock can say it still runs
             if live:
                 self.orphans[rid] = Orphan(pid if e.get("host") == here else None, started,
@@ -193,7 +193,7 @@ class Campaign:
         for rid in self.state.with_status(QUEUED):
             if not free or self.stopping:
                 return
-            rd = rundirs.run_dir(rid)
+            rd = rundirs.run_dir(self.configs[rid])
             if rundirs.is_complete(rd):
                 conflict = rundirs.config_conflict(rd, self.configs[rid])
                 if conflict:
@@ -245,7 +245,7 @@ class Campaign:
             if o.pid is not None:
                 if procs.alive(o.pid, o.started):
                     continue
-            elif procs.lock_holder(rundirs.run_dir(rid)):
+            elif procs.lock_holder(rundirs.run_dir(self.configs[rid])):
                 continue
             del self.orphans[rid]
             self._settle_unwatched(rid, o.entry)
@@ -264,7 +264,7 @@ class Campaign:
     def _check_locked(self) -> None:
         now = time.monotonic()
         for rid in self.state.with_status(LOCKED):
-            rd = rundirs.run_dir(rid)
+            rd = rundirs.run_dir(self.configs[rid])
             holder = procs.lock_holder(rd)
             if holder:
                 if now - self.said_locked.setdefault(rid, now) >= RELOCK_REPORT_S:
@@ -282,7 +282,7 @@ class Campaign:
     # --- outcomes -----------------------------------------------------------------------
     def _settle_unwatched(self, rid: str, entry: dict) -> None:
         """A launch that ended while no campaign process watched it: read how."""
-        rd = rundirs.run_dir(rid)
+        rd = rundirs.run_dir(self.configs[rid])
         if entry.get("pid") is None and not rundirs.is_complete(rd):
             # killed between recording the launch and spawning it (no process carries its
             # token): it never started, so it is no failure of the run
@@ -301,7 +301,7 @@ class Campaign:
         self._settle(rid, entry, code, unwatched=True)
 
     def _settle(self, rid: str, entry: dict, rc: int | None, unwatched: bool = False) -> None:
-        run, rd = self.state.run(rid), rundirs.run_dir(rid)
+        run, rd = self.state.run(rid), rundirs.run_dir(self.configs[rid])
         entry.update(end=utc_now(), exit_status=rc)
         log = self.dir / entry["log"]
         what = "exit status unknown" if rc is None else (
@@ -342,7 +342,7 @@ class Campaign:
         self.state.save()
 
     def _complete(self, rid: str, note: str) -> None:
-        rd = rundirs.run_dir(rid)
+        rd = rundirs.run_dir(self.configs[rid])
         self.state.run(rid).update(status=COMPLETE, note=note,
                                    weights_sha256=rundirs.weights_sha256(rd))
         self.say(f"{rid}: {note}")

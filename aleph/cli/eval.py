@@ -1,4 +1,4 @@
-"""`aleph eval RUN_DIR`: capability, dispatch-off/toggle, mimicry probes -> eval.json + tb/."""
+"""`aleph eval RUN` (a run directory or name): capability, dispatch-off/toggle, mimicry probes -> eval.json + tb/."""
 
 from __future__ import annotations
 
@@ -11,17 +11,19 @@ from aleph.eval.probe_data import DEFAULT_ROWS
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "eval", help="evaluate a run's final weights (STS capability and probes)",
-        description="Scores RUN_DIR/weights/final on STS tasks (Spearman of cosine vs gold) "
-        "and the mimicry probes; writes RUN_DIR/eval.json and eval/ scalars to RUN_DIR/tb.",
+        description="Scores RUN/weights/final on STS tasks (Spearman of cosine vs gold) "
+        "and the mimicry probes; writes RUN/eval.json and eval/ scalars to RUN/tb.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN",
+                   help="the run: its directory, or its name under <work root>/runs "
+                   "(e.g. smoke/a2_dense-s0, a1_anchored-s1; `aleph runs list` shows them)")
     p.add_argument("--tasks", default=None,
                    help="e1 (the 8 STS tasks), smoke (offline, from the smoke grammar), or a "
                    "comma list of names (default: smoke for smoke-data runs, else e1)")
     p.add_argument("--tasks-dir", default=None,
                    help="directory of local task files <name>.tsv / <name>.jsonl, used before "
                    "the hub copies (columns sentence1, sentence2, score)")
-    p.add_argument("--weights", default=None, help="weights directory (default RUN_DIR/weights/final)")
+    p.add_argument("--weights", default=None, help="weights directory (default RUN/weights/final)")
     p.add_argument("--probe-captions", default=None, help="held-out caption file for the probes")
     p.add_argument("--probe-targets", default=None,
                    help="their targets: a target store directory or a .pt (N, 768) file")
@@ -30,16 +32,19 @@ def register(subparsers) -> None:
                    help=f"R@1 batch: candidates per query (default {DEFAULT_PROBE_BATCH})")
     p.add_argument("--no-probes", action="store_true", help="skip R@1, cos->target and erank")
     p.add_argument("--batch-size", type=int, default=128, help="encoding batch (no effect on results)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where to encode (default auto: CUDA when available)")
     p.set_defaults(func=_eval)
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from aleph.eval.rundir import require_run_dir
     from aleph.eval.runner import run_eval
     from aleph.eval.tasks import parse_task_names
     from aleph.report.render import markdown
     from aleph.report.table import build
 
+    args.run_dir = require_run_dir(args.run_dir)  # a directory or a run name
     result = run_eval(
         args.run_dir, parse_task_names(args.tasks) if args.tasks else None, tasks_dir=args.tasks_dir,
         weights_dir=args.weights, probe_captions=args.probe_captions,

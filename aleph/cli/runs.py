@@ -1,5 +1,7 @@
 """`aleph runs diff A B`: equivalence report between two run directories;
-`aleph runs list [WORK]`: every run of a work root, its status, steps, last launch, evaluation."""
+`aleph runs list [WORK]`: every run of a work root, its status, steps, last launch, evaluation;
+`aleph runs push RUN [--to DEST]` / `aleph runs pull DEST [--into WORK]`: a run to and from
+off-box storage (a hub repo or a directory; aleph.sync)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ def register(subparsers) -> None:
         description="Ends with a verdict: equivalent / equivalent with caveats / not equivalent. "
         f"Exit status 0 unless not equivalent ({NOT_EQUIVALENT_EXIT}).",
     )
-    d.add_argument("run_a", metavar="RUN_A")
-    d.add_argument("run_b", metavar="RUN_B")
+    d.add_argument("run_a", metavar="RUN_A", help="a run directory or a run name under <work root>/runs")
+    d.add_argument("run_b", metavar="RUN_B", help="the run to compare it with (directory or name)")
     d.add_argument("--repo", type=Path, default=Path("."),
                    help="git checkout holding both code revisions, for changed files and hunks "
                    "(default: the current directory)")
@@ -34,6 +36,36 @@ def register(subparsers) -> None:
     ls.add_argument("work", nargs="?", type=Path, default=None, metavar="WORK",
                     help="work root (default: $ALEPH_WORK, else ./work)")
     ls.set_defaults(func=_list)
+    _register_sync(sub)
+
+
+def _register_sync(sub) -> None:
+    dest_help = ("hf:<namespace>/<repo> (a hub model repo; token from HF_TOKEN) or an existing "
+                 "directory given as an absolute path (a mounted bucket, NFS share, second disk)")
+    ps = sub.add_parser(
+        "push", help="send a run to a hub repo or a directory (only changed files)",
+        description="Sends the run's config, manifest, metrics, eval.json, launch logs, "
+        "TensorBoard events, complete weights, tokenizer and newest complete resume state; "
+        "only files changed since the destination's newest snapshot are sent, and the "
+        "snapshot counts only once its index is written, last. Holds the run lock meanwhile "
+        "(a run being trained syncs itself: config sync_to).")
+    ps.add_argument("run", metavar="RUN", help="a run directory or a run name under <work root>/runs")
+    ps.add_argument("--to", default=None, metavar="DEST",
+                    help=f"{dest_help}; default: the run's config sync_to")
+    ps.set_defaults(func=_push)
+    pl = sub.add_parser(
+        "pull", help="restore runs from a hub repo or a directory into a work root",
+        description="Fetches the newest complete snapshot of each run at DEST (or of --run), "
+        "checks every file's sha256 against the snapshot's index, and renames the run "
+        "directory into place only when all are verified: a partial pull leaves no run "
+        "directory. Never replaces an existing run directory. `aleph train` with the same "
+        "arm/seed/preset then resumes from the restored resume state.")
+    pl.add_argument("dest", metavar="DEST", help=dest_help)
+    pl.add_argument("--into", type=Path, default=None, metavar="WORK",
+                    help="work root to restore into (default: $ALEPH_WORK, else ./work)")
+    pl.add_argument("--run", default=None, metavar="RUN",
+                    help="only this run (e.g. smoke/a2_dense-s1); default: every run at DEST")
+    pl.set_defaults(func=_pull)
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -99,4 +131,44 @@ def _list(args: argparse.Namespace) -> int:
     print(f"runs under {runs_root}:")
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from aleph._io import read_json
+    from aleph.eval.rundir import require_run_dir
+    from aleph.sync import SyncError, parse_destination, push
+    from aleph.train.identity import RunLock
+
+    run_dir = require_run_dir(args.run)
+    spec = args.to
+    if spec is None:
+        saved = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
+        spec = saved.get("sync_to") or ""
+        if not spec:
+            raise SyncError(f"{run_dir}: no destination: pass --to DEST (its config.json has "
+                            "no sync_to)")
+    dest = parse_destination(spec)
+    lock = RunLock(run_dir)
+    lock.acquire()  # RunLocked (exit 75) while a launch trains it: that launch syncs itself
+    try:
+        print(push(run_dir, dest).line())
+    finally:
+        lock.release()
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from aleph._io import work_root
+    from aleph.sync import parse_destination, pull
+
+    into = args.into if args.into is not None else work_root()
+    run = args.run
+    if run is not None and not run.startswith("runs/"):
+        run = f"runs/{run}"
+    for result in pull(parse_destination(args.dest), into, run):
+        print(result.line())
+        where = (f"continues from step {result.step}" if result.step is not None
+                 else "starts at step 0 (no resume state had been synced)")
+        print(f"  resume: the same `aleph train` command with ALEPH_WORK={into.absolute()} {where}")
     return 0

@@ -94,19 +94,21 @@ def register(subparsers) -> None:
     b = sub.add_parser("build", help="build (or reuse) the store of an ordered list of chunks")
     b.add_argument("sources", nargs="+", help="chunk files (.pt/.npy/.safetensors) or directories")
     b.add_argument("--out", help="store directory (default: <work>/cache/targets/<fingerprint>)")
-    b.add_argument("--implementation", choices=("streaming", "in_ram"), default="streaming")
+    b.add_argument("--implementation", choices=("streaming", "in_ram"), default="streaming",
+                   help="streaming (memmap, default) or in_ram")
     b.add_argument("--fail-on-nonfinite", action="store_true", help="refuse NaN/Inf rows")
     b.add_argument("--lock-timeout", type=float, default=DEFAULT_LOCK_TIMEOUT_S,
                    help="seconds to wait for another builder of the same store")
     b.add_argument("--quota", type=int, help="memory quota in bytes for the in_ram check")
-    b.add_argument("--headroom", type=int, default=DEFAULT_HEADROOM_BYTES)
+    b.add_argument("--headroom", type=int, default=DEFAULT_HEADROOM_BYTES,
+                   help="bytes kept free beside the store in the quota check")
     b.add_argument("--no-plan", action="store_true", help="skip the quota check for in_ram")
     b.set_defaults(func=_build)
     v = sub.add_parser(
         "verify", help="check a store: quick (manifest, size), --full (re-hash) or --sources",
         description="Check a target store. Each level catches what the one before cannot.",
         epilog=VERIFY_LEVELS, formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("store")
+    v.add_argument("store", help="target store directory")
     level = v.add_mutually_exclusive_group()
     level.add_argument("--full", action="store_true",
                        help="also re-hash every chunk range of the store against the manifest")
@@ -115,11 +117,12 @@ def register(subparsers) -> None:
                        "the store's bytes, range by range")
     v.set_defaults(func=_verify)
     pl = sub.add_parser("plan", help="predicted peak memory of each implementation vs the quota")
-    pl.add_argument("sources", nargs="+")
+    pl.add_argument("sources", nargs="+", help="chunk files or directories")
     pl.add_argument("--quota", type=int, help="bytes (default: the cgroup memory limit)")
-    pl.add_argument("--headroom", type=int, default=DEFAULT_HEADROOM_BYTES)
+    pl.add_argument("--headroom", type=int, default=DEFAULT_HEADROOM_BYTES,
+                    help="bytes kept free beside the store")
     pl.add_argument("--cgroup-root", default="/sys/fs/cgroup", help=argparse.SUPPRESS)  # tests
     pl.set_defaults(func=_plan)
     i = sub.add_parser("info", help="print a store's manifest summary")
-    i.add_argument("store")
+    i.add_argument("store", help="target store directory")
     i.set_defaults(func=_info)

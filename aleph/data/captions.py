@@ -153,19 +153,24 @@ class CaptionSource:
                           "hub": lambda: self._dataset().num_rows}[self.kind]()
         return self._rows
 
-    def sha256(self, rows: int = BATCH_ROWS) -> str:
+    def sha256(self, rows: int = BATCH_ROWS, progress=None) -> str:
         """The captions' content hash (`aleph.data.tokens.captions_sha256`), streaming
         `rows` captions at a time. Parquet and hub datasets are hashed from their Arrow
-        buffers (no Python strings).
+        buffers (no Python strings). `progress(rows hashed so far)` is called after each
+        batch (the trainer's progress line on a 31.9M-row source).
         """
         h = CaptionsHasher()
         if self.kind in ("parquet", "hub"):
             for arr in self._arrow_batches(rows):
                 _check_arrow(arr, self._where(), h.rows)
                 h.update_arrow(arr)
+                if progress is not None:
+                    progress(h.rows)
         else:
             for batch in self.batches(rows):
                 h.update(batch)
+                if progress is not None:
+                    progress(h.rows)
         return h.hexdigest()
 
     # --- text and JSON ---------------------------------------------------------------------

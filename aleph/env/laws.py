@@ -6,11 +6,14 @@ maintainer revisits this file instead of inheriting a silently wrong rule:
 
 1. `import torch` does not import `torch.utils.checkpoint` on 2.4 (2.8+ does): always
    import the submodule explicitly. `checkpoint_fn()` is the one place that does.
-2. `checkpoint(torch.compile(f), x, use_reentrant=False)` fails on 2.4 (dynamo refuses
-   to be traced by the FX re-entry of the checkpoint recompute; with dropout it is the
-   RNG-state FakeTensor error of pytorch/pytorch#121966). So on torch < 2.5 a compiled
-   model must not checkpoint its inner blocks: compile and per-block checkpointing are
-   exclusive, and `check_compile_checkpointing` refuses the combination.
+2. `checkpoint(torch.compile(f), x, use_reentrant=False)` fails on 2.4 at the first
+   backward: dynamo refuses to be traced by the FX re-entry of the checkpoint recompute
+   (`BackendCompilerFailed ... FX to symbolically trace a dynamo-optimized function`),
+   seen on 2.4.1 CPU with and without dropout in `f`. The seed calls it 2.4's
+   RNG-fork/fake-tensor collision; that RNG-state FakeTensor error (pytorch/pytorch#121966)
+   is reported on CUDA and was not seen on CPU. So on torch < 2.5 a compiled model must not
+   checkpoint its inner blocks: compile and per-block checkpointing are exclusive, and
+   `check_compile_checkpointing` refuses the combination.
 3. 2.4's checkpoint recompute cannot re-enter dynamo (fixed upstream by
    pytorch/pytorch#149784 and #153300): the structural reason behind law 2.
 """
@@ -32,9 +35,9 @@ COMPILE_CHECKPOINT_FIXED = (2, 5)
 
 COMPILE_CHECKPOINT_REASON = (
     "on torch {version} checkpoint(torch.compile(block), use_reentrant=False) fails: the "
-    "checkpoint recompute re-enters dynamo, which 2.4 cannot do (FX tracing of a "
-    "dynamo-optimized function; with dropout, the RNG-state FakeTensor error of "
-    "pytorch/pytorch#121966). Set compile=false or checkpointing=false"
+    "checkpoint recompute re-enters dynamo, which 2.4 cannot do (BackendCompilerFailed: FX "
+    "to symbolically trace a dynamo-optimized function, with or without dropout). Set "
+    "compile=false or checkpointing=false"
 )
 
 

@@ -18,10 +18,25 @@ TOKENIZER = "tokenizer"
 TB = "tb"
 
 
+def resolve_run(given: str | Path) -> Path:
+    """A run as a user gives it: its directory, or its name under <work root>/runs (e.g.
+    `smoke/a2_dense-s0`, `a1_anchored-s1`, a `--name`). An existing directory wins; a name
+    that is neither is returned as given, for require_run_dir to refuse."""
+    from aleph._io import work_root
+    from aleph.train.identity import RUNS_DIR
+
+    path = Path(given)
+    if path.is_dir() or path.is_absolute():
+        return path
+    named = work_root() / RUNS_DIR / path
+    return named if named.is_dir() else path
+
+
 def require_run_dir(run_dir: str | Path) -> Path:
-    run_dir = Path(run_dir)
+    run_dir = resolve_run(run_dir)
     if not run_dir.is_dir():
-        raise DataError(f"{run_dir}: not a run directory (it does not exist)")
+        raise DataError(f"{run_dir}: not a run directory (it does not exist, and is no run name "
+                        "under <work root>/runs either; `aleph runs list` lists the runs)")
     return run_dir
 
 

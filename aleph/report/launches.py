@@ -8,19 +8,25 @@ a duplicate launch): the run's own setup then has no witness, which is a caveat.
 
 Only launches that trained steps the run kept can raise a caveat or a blocker
 (aleph.record.launch: actions and step ranges): a relaunch that found the run complete,
-a refused launch or one stopped before its first step is reported as information.
+a refused launch or one stopped before its first step is reported as information, and
+counted in a neutral line of its own, never in the resume caveat.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+from collections import Counter
 from pathlib import Path
 
 from aleph.record.launch import (
     COMPLETE,
     NOOP,
+    NOTHING,
+    REFUSED,
+    RESUMED,
     STATUSES,
     STOPPED,
+    TRAINED,
     LaunchRecord,
     describe_lost,
     read_launches,
@@ -118,6 +124,24 @@ def _idle_finding(r: LaunchRecord) -> tuple[str, str]:
             f" ({how}{': ' + str(note) if note else ''}); trained nothing the run kept")
 
 
+# How a launch that trained nothing the run kept is counted, by its action.
+IDLE_WORDS = {NOOP: "found the run already complete", REFUSED: "refused before training",
+              NOTHING: "ended before its first step", TRAINED: "had its steps redone",
+              RESUMED: "had its steps redone"}
+
+
+def _count_text(records: list[LaunchRecord]) -> str:
+    """'3 launch(es); 1 trained nothing the run kept (1 refused before training)': a
+    neutral count. Launches that trained nothing changed nothing, so they are counted
+    here and never in the resume caveat."""
+    idle = Counter(IDLE_WORDS[r.action] for r in records if not r.trained)
+    text = f"{len(records)} launch(es)"
+    if idle:
+        kinds = ", ".join(f"{k} {words}" for words, k in idle.items())
+        text += f"; {sum(idle.values())} trained nothing the run kept ({kinds})"
+    return text
+
+
 def check_launches(run_dir: Path, manifest: dict) -> list[tuple[str, str]]:
     """(level, text) findings about one run's launches."""
     records = read_launches(manifest)
@@ -126,12 +150,10 @@ def check_launches(run_dir: Path, manifest: dict) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     n = len(records)
     trained = [r for r in records if r.trained]
-    resumes = max(len(trained) - 1, 0)
-    idle = sum(1 for r in records[1:] if r.action == NOOP)
-    text = f"{n} launch(es)" + (f": resumed {resumes} time(s)" if resumes else "")
-    if idle:
-        text += f"; {idle} found the run already complete and trained nothing"
-    out.append(("caveat" if resumes else "info", text))
+    out.append(("info", _count_text(records)))
+    if len(trained) > 1:
+        out.append(("caveat", f"{len(trained)} launch(es) trained steps the run kept: resumed "
+                    f"{len(trained) - 1} time(s)"))
     last_trained = trained[-1].index if trained else None
     prev_end, prev = None, None
     for r in records:

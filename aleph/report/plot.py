@@ -78,13 +78,20 @@ def render_png(report: dict, run_dirs: list[Path]) -> bytes:
         health_axes = [axes[0][2], axes[1][0], axes[1][1], axes[1][2]]
         for ax, (gauge, title) in zip(health_axes, HEALTH, strict=True):
             _health_panel(ax, gauge, title, runs, scalars, per_step, x_is_samples, xlabel)
-        fig.suptitle("E1 runs: " + ", ".join(r["run"] for r in runs), fontsize=11)
+        fig.suptitle(_title(runs), fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.96))
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=DPI)
     finally:
         plt.close(fig)
     return buf.getvalue()
+
+
+def _title(runs: list[dict]) -> str:
+    """'smoke runs: a1_anchored-s0, ...': the presets the runs trained, so a smoke picture
+    is not read as E1's."""
+    presets = sorted({str(r.get("preset") or "unknown-preset") for r in runs})
+    return f"{' + '.join(presets)} runs: " + ", ".join(r["run"] for r in runs)
 
 
 def _style(runs: list[dict], row: dict) -> dict:

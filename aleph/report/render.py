@@ -12,22 +12,26 @@ from aleph.report.table import NUMERIC, task_label
 
 SUMMARY_HEADER = ("run", "mean", "dispatch OFF", "toggle", "R@1", "cos->target", "erank/768", "basis")
 MISSING = "—"
-# What each column of the summary table means; printed under it (and in README).
+# What each column of the summary table means, printed under it. README.md's column table
+# carries the same pairs word for word (tests/report/test_glossary.py holds them together).
 GLOSSARY = (
     ("mean", "capability: Spearman's rho between the cosine of the two sentence embeddings and "
-     "the gold similarity, averaged unweighted over the row's STS tasks (see basis), dispatch on"),
+     "the gold similarity, averaged unweighted over the row's STS tasks (the 8 of E1, or the "
+     "offline smoke set for smoke runs; see basis), dispatch on"),
     ("dispatch OFF", "the same capability with the bank's dispatched experts switched off (trunk "
      "FFN only); n/a for the dense arm a2_dense, which has no bank"),
     ("toggle", "dispatch OFF minus mean: negative when the dispatched experts add capability, "
      "near 0 when the trunk carries it alone"),
     ("R@1 (b=256)", "mimicry: share of held-out caption rows whose own teacher target scores "
-     "highest among the b targets of its batch (b candidates per query; a larger b is harder, "
-     "so figures with different b are never averaged); tied top scores share the hit (1/k)"),
+     "highest among the b targets of its batch; a larger b is harder, so figures with different "
+     "b are never averaged; tied top scores (a target present twice in a batch) share the hit, "
+     "1/k each"),
     ("cos->target", "mean cosine between a row's embedding and its own teacher target"),
     ("erank/768", "effective rank of the embeddings: participation ratio of their covariance "
      "spectrum, from 1 (one direction) to 768 (isotropic)"),
     ("basis", "which rows may be compared: same config (arm and seed aside), same task set and "
-     "data, same weights (final or step N); the legend says what each letter is"),
+     "data, same weights (final, or step N from `aleph eval --weights`); the legend under the "
+     "table says what each letter is, P is the published E1 runs"),
     ("mean / spread rows", "mean and sample standard deviation over the seeds of one arm on one "
      "basis; runs on different bases, and published rows (basis P), are never averaged"),
 )

@@ -32,7 +32,7 @@ OPERATIONAL = frozenset({
     "ckpt_every_steps", "ckpt_every_minutes", "keep_checkpoints", "weights_every_steps",
     "vram_probe", "vram_required_gib", "alloc_cap_fraction", "store_headroom_gib",
     "store_implementation", "store_override", "allow_input_change", "captions", "targets",
-    "tokenizer",
+    "tokenizer", "sync_to", "sync_every_minutes",
 })
 PUBLISHED_BASIS = "P"
 

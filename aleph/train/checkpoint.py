@@ -4,7 +4,8 @@ A directory `checkpoints/step-NNNNNNNN/` counts only once `COMPLETE` exists in i
 crash (or SIGKILL) mid-save leaves the previous complete state as the resume point. At
 least two complete states are kept. Contents:
 - `model.safetensors` the uncompiled model's weights;
-- `trainer.pt` optimiser and scheduler state dicts, RNG states of every rank;
+- `trainer.pt` optimiser and scheduler state dicts, RNG states of every rank (each
+  rank's own CUDA device only);
 - `meta.json` step, samples seen, data position (epoch, batch index within the epoch's
   permutation, which derives from (seed, epoch) so it is not stored), world size, config hash;
 - `COMPLETE` (JSON, marker_version 2) the step and the sha256 and size of each file above.
@@ -83,21 +84,65 @@ class Position:
     """Wall seconds spent training over all launches up to this point."""
 
 
-def rng_state() -> dict[str, Any]:
-    """Every RNG this process draws from: python, numpy, torch CPU, and CUDA when present."""
+def stream_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of rank `rank`'s random streams from step `step` on (distinct per rank)."""
+    return (seed * 1_000_003 + rank * 7919 + step) % (2**32)
+
+
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """Every RNG this process draws from: python, numpy, torch CPU, and on a CUDA `device`
+    that device's generator only (`cuda`: one ByteTensor, `cuda_device`: its index).
+
+    Only the rank's own device: a rank draws from no other, and a state holding every
+    visible GPU could not be restored where fewer are visible.
+    """
     state = {"python": random.getstate(), "numpy": np.random.get_state(),
              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+        state["cuda_device"] = device.index
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def saved_cuda_state(state: dict[str, Any], index: int) -> torch.Tensor | None:
+    """The saved generator state for CUDA device `index`, or None when the state has none.
+
+    Reads both formats: one ByteTensor (this trainer) and the list of every visible
+    device's state that earlier trainers saved (get_rng_state_all), where a rank's own
+    device was entry `index`; a list too short for `index` holds no state for it.
+    """
+    saved = state.get("cuda")
+    if isinstance(saved, torch.Tensor):
+        return saved
+    if isinstance(saved, (list, tuple)) and index < len(saved):
+        return saved[index]
+    return None
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
+                  derived_seed: int | None = None) -> str:
+    """Restore a rank's RNGs; returns how the CUDA generator was set ("" off CUDA).
+
+    On a CUDA `device` whose state was not saved (a CPU-saved state, or an older state
+    without this device), the generator is seeded with `derived_seed` (stream_seed of
+    seed, rank, step): left at the config seed, every rank would draw the same dropout masks.
+    """
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device is None or device.type != "cuda":
+        return ""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    saved = saved_cuda_state(state, index)
+    if saved is not None:
+        torch.cuda.set_rng_state(saved, device)
+        return "restored"
+    if derived_seed is None:
+        raise ValueError("set_rng_state: the state has no CUDA generator for "
+                         f"{device} and no derived_seed was given")
+    with torch.cuda.device(device):
+        torch.cuda.manual_seed(derived_seed)
+    return "derived"
 
 
 def step_dir(run_dir: Path, step: int) -> Path:

@@ -9,6 +9,7 @@ any work starts. The resolved config is written to the run directory before step
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import re
@@ -19,6 +20,7 @@ from typing import Any
 from aleph.env import laws
 from aleph.errors import ConfigError
 from aleph.model.config import ARMS, INIT_BEFORE_FIELD, INIT_SCHEMES
+from aleph.sync.dest import check_spec
 
 STORE_IMPLEMENTATIONS = ("auto", "streaming", "in_ram")
 DEVICES = ("auto", "cpu", "cuda")
@@ -36,7 +38,9 @@ class TrainConfig:
     seed: int = 0
     """Seed of the model init, the data order (permutation of epoch e derives from (seed, e)) and dropout."""
     preset: str = "e1"
-    """Name of the preset the config started from (recorded, not interpreted)."""
+    """Name of the preset the config started from. It names the run directory (e1 runs are
+    runs/<arm>-s<seed>, any other preset's runs/<preset>/<arm>-s<seed>) and, for e1, makes
+    768-wide targets required unless target_dim says otherwise."""
 
     # --- data -----------------------------------------------------------------------
     smoke_data: bool = False
@@ -50,6 +54,9 @@ class TrainConfig:
     """Field (JSON/JSONL), column (parquet) or dataset column holding the caption text."""
     targets: tuple[str, ...] = ()
     """Target sources: the chunk files (or one directory of them) of the 768-d teacher consensus."""
+    target_dim: int = 0
+    """Width the targets must have: 0 = 768 (E1's teacher consensus) for the e1 preset, any
+    width for other presets; set it to train an e1 arm on targets of another width on purpose."""
     tokenizer: str = "bert-base-uncased"
     """Tokenizer name (HF hub) or local directory; copied into the run directory. Empty with
     smoke_data: the smoke data's own tokenizer."""
@@ -175,6 +182,17 @@ class TrainConfig:
     OOM-kill counter) every this many seconds, so the next launch can say how a launch that
     vanished ended (e.g. "likely killed by the cgroup OOM killer at X of Y bytes")."""
 
+    # --- off-box sync (aleph.sync) -------------------------------------------------------
+    sync_to: str = ""
+    """Where the run is copied while it trains, so a lost VM loses little: empty = off;
+    hf:<namespace>/<repo> (a hub model repo, created private; token from HF_TOKEN or hf_token,
+    never written to any file or log) or an existing directory as an absolute path (a mounted
+    bucket, NFS share, second disk). `aleph runs pull` restores the run elsewhere."""
+    sync_every_minutes: float = 30.0
+    """Least minutes between two syncs while training, each after a complete resume state
+    (0 = after every one); a final sync comes at the end and at a stop. A lost VM loses at
+    most this much training, rounded up to the next resume state."""
+
     def __post_init__(self) -> None:
         _check_types(self)
         _check_values(self)
@@ -207,7 +225,8 @@ def _check_values(c: TrainConfig) -> None:
             raise bad(name, "a positive number")
     nonneg = ("seed", "warmup_steps", "max_steps", "ckpt_every_steps", "weights_every_steps",
               "num_threads", "weight_decay", "grad_clip", "ckpt_every_minutes", "vram_required_gib",
-              "w_nce", "w_mse", "min_lr_ratio", "store_headroom_gib")
+              "w_nce", "w_mse", "min_lr_ratio", "store_headroom_gib", "target_dim",
+              "sync_every_minutes")
     for name in nonneg:
         if getattr(c, name) < 0:
             raise bad(name, "a number >= 0")
@@ -225,6 +244,8 @@ def _check_values(c: TrainConfig) -> None:
         raise bad("alloc_cap_fraction", "a fraction in (0, 1] or null")
     if c.w_nce == 0 and c.w_mse == 0:
         raise bad("w_mse", "w_nce or w_mse > 0 (both are 0: nothing to train)")
+    if c.sync_to and check_spec(c.sync_to):
+        raise bad("sync_to", f"empty (off) or {check_spec(c.sync_to)}")
     _check_sources(c, bad)
     laws.check_compile_checkpointing(c.compile, c.checkpointing)
 
@@ -392,6 +413,46 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, coerce_field(key, value, raw)
 
 
+def _with_suggestion(key: str, known: set[str]) -> str:
+    """`key`, with "(did you mean 'x'?)" when a known field is spelt close to it."""
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return f"{key} (did you mean {close[0]!r}?)" if close else key
+
+
+def field_docs() -> dict[str, str]:
+    """Field name -> its docstring (the string literal under the field in TrainConfig),
+    read from this module's source: the documentation `aleph train --help` prints."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    body = tree.body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:], strict=False):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def fields_help() -> str:
+    """One entry per config field: name, type, default (the e1 values; the smoke preset's
+    where it differs) and the first sentence of its docstring."""
+    docs = field_docs()
+    smoke = PRESETS["smoke"]
+    out = ["config fields (set with --set KEY=VALUE or a --config file; default = the e1 "
+           "preset's, [smoke: ...] where the smoke preset differs):"]
+    for f in fields(TrainConfig):
+        default = f.default
+        alt = f" [smoke: {smoke[f.name]!r}]" if f.name in smoke and smoke[f.name] != default else ""
+        doc = docs.get(f.name, "")
+        first = re.split(r"(?<=\.)\s+(?=[A-Z])", doc, maxsplit=1)[0]  # not after "e.g."
+        out.append(f"  {f.name} ({f.type}) = {default!r}{alt}")
+        out.append(f"      {first}")
+    return "\n".join(out)
+
+
 def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | None = None,
             **direct: Any) -> TrainConfig:
     """Build the frozen config; unknown keys raise ConfigError naming them."""
@@ -408,8 +469,9 @@ def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | 
     for origin, layer in layers:
         unknown = sorted(set(layer) - known)
         if unknown:
-            raise ConfigError(f"{origin}: unknown config field(s) {', '.join(unknown)}; "
-                              f"known fields: {', '.join(sorted(known))}")
+            raise ConfigError(f"{origin}: unknown config field(s) "
+                              f"{', '.join(_with_suggestion(k, known) for k in unknown)}; "
+                              "`aleph train --help` lists every field")
         values.update(layer)
     return TrainConfig(**values)
 
@@ -458,12 +520,14 @@ RESUMABLE_CHANGES = frozenset({
     "log_every_steps", "progress_every_seconds", "alloc_cap_fraction", "vram_probe",
     "vram_required_gib", "num_threads", "hf_token", "device", "store_implementation",
     "allow_input_change", "heartbeat_seconds", "store_headroom_gib", "store_override",
+    "sync_to", "sync_every_minutes",
 })
 
 
 # Fields added after run directories had been recorded, with the value that a config.json
 # written without them ran with (read so by check_same_run and `aleph runs diff`).
-ADDED_FIELDS: dict[str, Any] = {"init": INIT_BEFORE_FIELD}
+ADDED_FIELDS: dict[str, Any] = {"init": INIT_BEFORE_FIELD, "target_dim": 0, "sync_to": "",
+                                "sync_every_minutes": 30.0}
 
 
 def with_added_fields(saved: dict[str, Any]) -> dict[str, Any]:
@@ -484,4 +548,4 @@ def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
 
 
 __all__ = ["TrainConfig", "PRESETS", "ARMS", "resolve", "to_dict", "echo", "check_same_run",
-           "field_names", "load_file", "parse_override"]
+           "field_names", "field_docs", "fields_help", "load_file", "parse_override"]

@@ -8,7 +8,7 @@ import torch
 
 from aleph.model.io import save_weights
 from aleph.train import checkpoint as ckpt
-from aleph.train import loop, outputs
+from aleph.train import loop, outputs, prefetch
 from aleph.train.config import to_dict
 
 
@@ -105,12 +105,14 @@ def advance(pos: ckpt.Position, steps_per_epoch: int, batch: int, seconds: float
 
 def save_state(s) -> None:
     """Collective: every rank contributes its RNG state; rank 0 writes."""
-    rngs = s.world.gather_objects(ckpt.rng_state())
+    rngs = s.world.gather_objects(ckpt.rng_state(s.device))
     if s.world.is_main:
         path = ckpt.save(s.run_dir, s.model, s.opt, s.sched, s.pos, rngs,
                          _config_sha(s), s.cfg.keep_checkpoints)
         s.log(f"resume state saved: {path.relative_to(s.run_dir)} (step {s.pos.step}, "
               f"samples {s.pos.samples_seen})")
+        if getattr(s, "syncer", None) is not None:  # a complete state: sync if due (background)
+            s.syncer.saved(s.pos.step)
 
 
 def _config_sha(s) -> str:
@@ -140,9 +142,10 @@ def fit(s) -> tuple[str, str]:
     pause = loop.pause_step()
     traced_until = s.pos.step + TRACED_STEPS
     s.net.train()
+    batches = start_prefetch(s)
     try:
         while s.pos.step < s.total_steps:
-            res = one_step(s)
+            res = one_step(s, batches)
             s.pos = advance(s.pos, s.order.steps_per_epoch, s.cfg.batch_size, clock.train_seconds())
             s.monitor.step = s.pos.step
             if s.pos.step == traced_until:
@@ -151,7 +154,7 @@ def fit(s) -> tuple[str, str]:
                 rep.after_step(s.pos.step, res)
                 saved, stopping = after_step_saves(s, stop, clock)
             if pause is not None and s.pos.step == pause:
-                wait_for_signal(s, stop, rep)
+                wait_for_signal(s, stop, rep, batches)
                 stopping = s.world.any_flag(stop.is_set())[0]
             if stopping and s.pos.step < s.total_steps:
                 with s.tracer.during():
@@ -167,6 +170,7 @@ def fit(s) -> tuple[str, str]:
             finish(s, rep)
         return "complete", f"{s.pos.step} steps"
     finally:
+        batches.close()
         rep.close()  # the stop handlers are restored by run.train(), which installed them
 
 
@@ -177,6 +181,10 @@ def close_trace_window(s) -> None:
                           "states, weights, stop and the end of the launch")
     if s.manifest is not None:
         outputs.write_executed(s.manifest, s.tracer, s.launch_id)
+
+
+AGREE_EVERY_STEPS = 16
+"""Under DDP, steps between the ranks' agreements on stopping and on the timed save."""
 
 
 class Clock:
@@ -197,12 +205,17 @@ def after_step_saves(s, stop: loop.StopFlag, clock: Clock) -> tuple[bool, bool]:
     """Resume state and periodic weights on their cadences; returns (saved, stop requested).
 
     Ranks agree on the time-based save and on stopping (one tiny all-reduce), since the
-    clocks and the signal arrival differ per process and the save is a collective.
+    clocks and the signal arrival differ per process and the save is a collective. Reading
+    the agreed flags is a host sync, so under DDP they are agreed every AGREE_EVERY_STEPS
+    steps (and at step-cadence saves, which sync anyway): a stop or a timed save comes at
+    most that many steps later (well under a second at E1's step times).
     """
     cfg, step = s.cfg, s.pos.step
     minutes_due = cfg.ckpt_every_minutes > 0 and clock.minutes_since_save() >= cfg.ckpt_every_minutes
     step_due = cfg.ckpt_every_steps > 0 and step % cfg.ckpt_every_steps == 0
-    time_due, stopping = s.world.any_flag(minutes_due, stop.is_set())
+    time_due = stopping = False
+    if not s.world.distributed or step_due or step % AGREE_EVERY_STEPS == 0:
+        time_due, stopping = s.world.any_flag(minutes_due, stop.is_set())
     saved = False
     if (step_due or time_due) and step < s.total_steps:  # the last step is saved by finish()
         save_state(s)
@@ -213,33 +226,29 @@ def after_step_saves(s, stop: loop.StopFlag, clock: Clock) -> tuple[bool, bool]:
     return saved, stopping
 
 
-def load_batch(s) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This rank's rows of the current step: (ids (b, L), mask (b, L), target (b, D)) on device.
-
-    L is the batch's longest row, or max_len when the model is compiled (one static shape:
-    see loop.fixed_length).
-    """
-    idx = s.order.indices(s.pos.epoch, s.pos.batch_in_epoch, s.world)  # (B / W,)
-    ids, mask = s.tokens.gather(idx)  # (b, L') each
-    if s.cfg.compile:
-        ids, mask = loop.fixed_length(ids, mask, s.tokens.max_len, s.tokens.pad_id)  # (b, max_len)
-    cuda = s.device.type == "cuda"
-    target = s.targets.gather(idx, pin=cuda)  # (b, D) fp16
-    ids, mask = ids.to(s.device, non_blocking=True), mask.to(s.device, non_blocking=True)
-    return ids, mask, target.to(s.device, non_blocking=True)
-
-
-def one_step(s) -> loop.StepResult:
-    ids, mask, target = load_batch(s)
+def one_step(s, batches: prefetch.Prefetcher) -> loop.StepResult:
+    ids, mask, target = batches.take(s.pos.epoch, s.pos.batch_in_epoch, s.pos.step)
     return loop.train_step(s.net, s.opt, s.sched, ids, mask, target, s.cfg, s.world,
                            s.pos.step, s.device)
 
 
-def wait_for_signal(s, stop: loop.StopFlag, rep: Reporter) -> None:
+def start_prefetch(s) -> prefetch.Prefetcher:
+    """The batch prefetcher of this launch; the local rank 0 also warms the target store."""
+    if s.world.local_rank == 0:
+        headroom = int(s.cfg.store_headroom_gib * (1 << 30))
+        s.log(prefetch.warm_target_store(s.targets, s.sources.targets, headroom))
+    source = prefetch.BatchSource(s.tokens, s.targets, s.order, s.world, s.device, s.cfg.compile)
+    return prefetch.Prefetcher(source, s.total_steps)
+
+
+def wait_for_signal(s, stop: loop.StopFlag, rep: Reporter, batches: prefetch.Prefetcher) -> None:
     """The pause hook: flush everything first, so the paused run's files are at rest."""
     if rep.scalars is not None:
         rep.scalars.flush()
-    s.log(f"pause hook: paused after step {s.pos.step} ({loop.PAUSE_ENV}); waiting for a signal")
+    ahead = batches.ahead
+    what = f"epoch {ahead[0]} batch {ahead[1]}" if ahead else "none"
+    s.log(f"pause hook: paused after step {s.pos.step} ({loop.PAUSE_ENV}); batch gathered "
+          f"ahead: {what}; waiting for a signal")
     while not stop.is_set():
         time.sleep(0.05)
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import socket
 import sys
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from aleph.errors import RunLocked
+from aleph._io import work_root
+from aleph.errors import ConfigError, RunLocked
 from aleph.record.provenance import (  # noqa: F401  (code provenance lives there; re-exported)
     code_revision,
     package_dir,
@@ -26,6 +29,48 @@ from aleph.record.provenance import (  # noqa: F401  (code provenance lives ther
 
 LOCK_FILE = "run.lock"
 LAUNCH_DIR = "launches"
+RUNS_DIR = "runs"
+# The preset whose runs keep the seed's names (runs/<arm>-s<seed>); any other preset's runs
+# go one level down (runs/<preset>/<arm>-s<seed>), so a smoke run never meets a real one.
+TOP_LEVEL_PRESET = "e1"
+_NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def check_run_name(name: str, what: str = "--name") -> str:
+    """`name` if it is a safe run name relative to <work>/runs: one or two parts
+    (`exp1`, `smoke/a2_dense-s0`) of letters, digits, '.', '_', '-', not starting with '.'
+    (so no '..', no hidden or absolute path); two at most, because `aleph runs list` looks
+    one level down. ConfigError naming the value otherwise."""
+    parts = name.split("/")
+    if not 1 <= len(parts) <= 2 or not all(_NAME_PART.fullmatch(p) for p in parts):
+        raise ConfigError(f"{what} {name!r}: expected a run name relative to <work root>/runs: "
+                          "one or two '/'-separated parts of letters, digits, '.', '_' or '-', "
+                          "each starting with a letter or digit (no '..', no absolute path), "
+                          "e.g. my-a2 or smoke/a2_dense-s0")
+    return name
+
+
+def run_name(preset: str, arm: str, seed: int) -> str:
+    """The default run name: `<arm>-s<seed>` for the e1 preset (the seed's names), else
+    `<preset>/<arm>-s<seed>`."""
+    base = f"{arm}-s{seed}"
+    name = base if preset == TOP_LEVEL_PRESET else f"{preset}/{base}"
+    return check_run_name(name, "run name (from config field 'preset')")
+
+
+def run_ref(run_dir: Path) -> str:
+    """How a command names `run_dir`: its run name when it lies under <work>/runs (every
+    command that takes a run accepts the name), else the directory itself."""
+    try:
+        return Path(run_dir).relative_to(work_root() / RUNS_DIR).as_posix()
+    except ValueError:
+        return str(run_dir)
+
+
+def run_dir_for(cfg, name: str | None = None) -> Path:
+    """<work>/runs/<name>: `name` (checked) when given, else the config's default run name."""
+    chosen = check_run_name(name) if name else run_name(cfg.preset, cfg.arm, cfg.seed)
+    return work_root() / RUNS_DIR / chosen
 
 
 def utc_now() -> str:
@@ -98,13 +143,15 @@ class LaunchLog:
         self.tag = tag
         self._echo = echo
         self._f = open(self.path, "a", encoding="utf-8", buffering=1)  # closed in close()
+        self._lock = threading.Lock()  # the sync worker (aleph.sync) logs from its thread
 
     def __call__(self, message: str) -> None:
-        for line in str(message).splitlines() or [""]:
-            text = f"[{self.tag}] {utc_now()} {line}"
-            self._f.write(text + "\n")
-            if self._echo is not None:
-                print(text, file=self._echo, flush=True)
+        with self._lock:
+            for line in str(message).splitlines() or [""]:
+                text = f"[{self.tag}] {utc_now()} {line}"
+                self._f.write(text + "\n")
+                if self._echo is not None:
+                    print(text, file=self._echo, flush=True)
 
     def close(self) -> None:
         self._f.flush()

@@ -66,13 +66,19 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     a1's anchors do not decay either: they are normalised before use, so decay would only
     shrink their length and thereby speed up the drift of their direction, a push a3's
     frozen anchors never get; a1 vs a3 must differ only in what the loss moves.
+
+    On CUDA the fused kernel (one launch for all parameters, step counters on the device,
+    no host read of them); on CPU the default single-tensor path, whose results the
+    bitwise resume tests pin (fused=True on CPU is a different kernel in torch 2.4).
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in named if p.ndim >= 2 and not n.endswith(NO_DECAY_SUFFIXES)]
     other = [p for n, p in named if p.ndim < 2 or n.endswith(NO_DECAY_SUFFIXES)]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    cuda = all(p.is_cuda for _, p in named) and bool(named)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                             fused=True if cuda else None)
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -103,42 +109,76 @@ class StepResult:
 
 def train_step(model, opt, sched, ids, mask, target, cfg: TrainConfig, world: World,
                step: int, device: torch.device) -> StepResult:
-    """Forward on this rank's rows, loss over the global batch, checked update."""
+    """Forward on this rank's rows, loss over the global batch, checked update.
+
+    One host synchronisation per step: loss, its parts and the clipped gradient norm come
+    to the host in one stacked `.tolist()` after clipping (each `.item()` would drain the
+    GPU queue and leave the accelerator idle while the host catches up). A non-finite
+    loss makes the gradient norm non-finite too, so the single check still comes before
+    `opt.step()`: no update is made on NaN/inf. No cross-rank flag is needed under DDP:
+    the loss is computed from the all-gathered global batch and the norm from the
+    all-reduced gradients, so every rank sees the same values and raises together.
+    """
     use_bf16 = device.type == "cuda" and cfg.bf16
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
         student = model(ids, mask)  # (b, D) with b = B / W
     student = world.gather_with_grad(student.float())  # (B, D), rank order = batch order
     target = world.gather(target)  # (B, D)
     loss, parts = distill_loss(student, target, cfg.tau, cfg.w_nce, cfg.w_mse)
-    value = loss.item()
-    if not math.isfinite(value):
-        raise NonFiniteError(f"step {step + 1}: loss is {value} (nce {parts['nce'].item()}, mse "
-                             f"{parts['mse'].item()}); no update was made, the last resume state is intact")
     loss.backward()
     clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
-    if not math.isfinite(norm):
-        raise NonFiniteError(f"step {step + 1}: gradient norm is {norm} (loss {value}); no update "
-                             "was made, the last resume state is intact")
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    stats = torch.stack([loss.detach(), parts["nce"].detach(), parts["mse"].detach(),
+                         norm.to(loss.device)]).float()  # (4,)
+    value, nce, mse, grad_norm = stats.tolist()  # the step's one host sync
+    if not (math.isfinite(value) and math.isfinite(grad_norm)):
+        opt.zero_grad(set_to_none=True)  # the non-finite gradients must not reach a later step
+        raise NonFiniteError(_nonfinite_message(step, value, nce, mse, grad_norm))
     lr = opt.param_groups[0]["lr"]
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
-    return StepResult(value, parts["nce"].item(), parts["mse"].item(), norm, lr)
+    return StepResult(value, nce, mse, grad_norm, lr)
 
 
-# --- fixed batch length under torch.compile ----------------------------------------------
+def _nonfinite_message(step: int, loss: float, nce: float, mse: float, norm: float) -> str:
+    """Names the first non-finite value: the loss, else the gradient norm."""
+    intact = "no update was made, the last resume state is intact"
+    if not math.isfinite(loss):
+        return f"step {step + 1}: loss is {loss} (nce {nce}, mse {mse}); {intact}"
+    return f"step {step + 1}: gradient norm is {norm} (loss {loss}); {intact}"
+
+
+# --- batch length under torch.compile ------------------------------------------------------
+
+LENGTH_MULTIPLE = 16
+"""Compiled batches are padded to a multiple of this (at most max_len)."""
+
+
+def bucket_width(width: int, max_len: int) -> int:
+    """The compiled batch width for a batch whose longest row is `width` tokens.
+
+    Why buckets of 16 and not max_len always (bench/bench_lengths.py, CPU, torch 2.4.1): on
+    the smoke captions (synthetic, 4,096 rows, max_len 32, batch 32; no real caption set is
+    available offline) padding every batch to max_len left 64.6% of the token slots padding,
+    buckets of 16 left 29.1% (trimming to the longest row: 26.4%), and aot_eager built 1
+    graph for either (2 for trimmed widths: automatic dynamic shapes make L symbolic after
+    the first recompile, so widths never reach the recompile limit). With long captions
+    (CC12M's average ~580 characters, beyond 128 tokens) nearly every batch has a row at
+    max_len, so a bucket is max_len and nothing changes; with shorter ones the bucket saves
+    the padded compute. Multiples of 16 keep attention masks aligned for fused kernels.
+    """
+    return min(-(-width // LENGTH_MULTIPLE) * LENGTH_MULTIPLE, max_len)
+
 
 def fixed_length(ids: torch.Tensor, mask: torch.Tensor, length: int,
                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad a (B, L') batch to (B, length) with pad_id / False (L' <= length).
 
-    Used when the model is compiled: `TokenStore.gather` trims each batch to its longest
-    row, and every new L' would make dynamo recompile (up to max_len graphs, then its
-    recompile limit falls back to eager). Padding to max_len gives one static shape; it
-    was chosen over marking L dynamic because it is plainly correct (the padded rows are
-    exactly the store's own max_len rows, masked out) and keeps static-shape kernels,
-    while symbolic lengths still guard and specialise (e.g. on L == 1).
+    Used when the model is compiled, with length = bucket_width(L', max_len):
+    `TokenStore.gather` trims each batch to its longest row, and every new L' could make
+    dynamo recompile; a few bucket widths bound the shapes it sees. The padded slots are
+    masked out exactly like the store's own padding.
     """
     width = ids.shape[1]
     if width > length:

@@ -8,6 +8,10 @@ duplicate launch; here every launch prints its own).
 from __future__ import annotations
 
 import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,8 @@ from aleph.train.config import TrainConfig
 from aleph.train.distributed import World
 
 GIB = 1 << 30
+E1_TARGET_DIM = 768  # the width of E1's teacher consensus (the e1 preset requires it)
+TICK_SECONDS = 10.0  # progress cadence of a long input check or store build
 
 
 def pick_device(cfg: TrainConfig, world: World) -> torch.device:
@@ -92,7 +98,22 @@ def resolve_sources(cfg: TrainConfig) -> Sources:
         smoke = ensure_smoke_data(default_root(cfg.smoke_rows), rows=cfg.smoke_rows)
         return Sources(str(smoke.captions), [str(p) for p in smoke.target_chunks],
                        cfg.tokenizer or str(smoke.tokenizer_dir))
+    _check_captions_path(cfg.captions)  # the first input named: the first one checked
     return Sources(cfg.captions, expand_targets(cfg.targets), cfg.tokenizer, cfg.captions_column)
+
+
+def _check_captions_path(captions: str) -> None:
+    """A captions source written as a path (absolute, ./ ../ ~, or a caption file suffix)
+    that does not exist: said at once, before the tokenizer, the targets or a run
+    directory's config are looked at (anything else is taken as a HF dataset id)."""
+    from aleph.data.captions import FILE_SUFFIXES
+
+    path = Path(captions).expanduser()
+    written_as_path = (captions.startswith(("/", "./", "../", "~"))
+                       or path.suffix in FILE_SUFFIXES)
+    if written_as_path and not path.exists():
+        raise DataError(f"captions path {captions} does not exist (config field 'captions'; "
+                        f"expected a {'/'.join(FILE_SUFFIXES)} file or a HF dataset id)")
 
 
 @dataclass
@@ -108,26 +129,34 @@ class Inputs:
     be hashed (no memoised digest), for the token store build."""
 
 
-def check_inputs(cfg: TrainConfig) -> Inputs:
+def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: None) -> Inputs:
     """Data-level checks that run before the run directory is created (rank 0).
 
-    Captions exist and have rows, target chunks exist and are well-formed, the tokenizer
+    Captions exist and have rows, target chunks exist, are well-formed and as wide as the
+    config asks (768 for the e1 preset unless target_dim says otherwise), the tokenizer
     loads, captions and targets have equal row counts. A failure raises DataError,
     StoreError or ConfigError naming the input, and a refused launch leaves no trace in
     runs/. Cheap on a resumed launch: the target row count comes from the cached store's
     manifest (stat only) or the chunk headers, the caption count from the cached token
     store found through the memoised captions hash, else the caption source's own count
-    (parquet footer, newline count): the captions are never held in memory.
+    (parquet footer, newline count): the captions are never held in memory. `say` gets one
+    line per check (and progress lines with counts and an ETA while the captions are
+    hashed), so a minute of checks on E1's 31.9M rows is never silent.
     """
     from aleph.data.captions import check_aligned, open_captions
     from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
     from aleph.data.tokens import open_token_store, token_store_dir
 
+    t0 = time.monotonic()
     src = resolve_sources(cfg)
-    tokenizer = load_tokenizer(src.tokenizer)
-    target_rows = _target_rows(src.targets)
+    with _timed(say, f"inputs: tokenizer {src.tokenizer or '(smoke data)'}"):
+        tokenizer = load_tokenizer(src.tokenizer)
+    with _timed(say, f"inputs: targets: {len(src.targets)} chunk file(s) from {src.targets[0]}"):
+        target_rows, dim = _target_shape(src.targets)
+    check_target_dim(cfg, dim, src.targets)
+    say(f"inputs: targets: {target_rows:,} rows x {dim}")
     load = functools.partial(open_captions, column=src.captions_column)  # streamed, never a list
-    digest, captions = captions_digest(src.captions, load, src.captions_column)
+    digest, captions = captions_digest(src.captions, load, src.captions_column, say)
     rows = None
     if captions is None:
         cached = token_store_dir(digest, tokenizer_fingerprint(tokenizer), cfg.max_len)
@@ -145,12 +174,73 @@ def check_inputs(cfg: TrainConfig) -> Inputs:
                         f"target row ({target_rows:,})")
     check_aligned(rows, target_rows, f"captions {src.captions}",
                   f"targets ({len(src.targets)} chunk file(s) from {src.targets[0]})")
+    say(f"inputs: OK: {rows:,} captions = {target_rows:,} target rows "
+        f"({time.monotonic() - t0:.1f} s)")
     return Inputs(src, tokenizer, digest, captions)
 
 
-def _target_rows(paths: list[str]) -> int:
-    """Rows of the target chunks: from the cached store's manifest when it matches, else
-    from the chunk headers (which also checks every chunk is readable and well-formed)."""
+def check_target_dim(cfg: TrainConfig, dim: int, paths: list[str]) -> None:
+    """Targets as wide as the run asks: target_dim when set, E1's 768 for the e1 preset
+    (a 512-wide teacher would otherwise train an 'e1' arm without a word), else any."""
+    want = cfg.target_dim or (E1_TARGET_DIM if cfg.preset == "e1" else 0)
+    if not want or dim == want:
+        return
+    why = (f"config field 'target_dim' is {cfg.target_dim}" if cfg.target_dim else
+           f"the e1 preset expects E1's {E1_TARGET_DIM}-d teacher targets")
+    raise DataError(f"targets {paths[0]} ({len(paths)} chunk file(s)): {dim} wide, expected "
+                    f"{want} ({why}); give targets of that width, or set --set target_dim={dim} "
+                    f"to train on {dim}-d targets on purpose")
+
+
+@contextmanager
+def _timed(say: Callable[[str], None], what: str, tick: bool = True) -> Iterator[None]:
+    """'<what> ...' now, '<what>: still working (N s)' every TICK_SECONDS from a helper
+    thread (unless `tick` is off: the step reports its own counts), '<what>: done in N s'
+    at the end of one that took a while: a slow step says what it is doing, a quick one
+    adds a single line."""
+    t0, done = time.monotonic(), threading.Event()
+
+    def still() -> None:
+        while tick and not done.wait(TICK_SECONDS):
+            say(f"{what}: still working ({time.monotonic() - t0:.0f} s)")
+
+    say(f"{what} ...")
+    ticker = threading.Thread(target=still, name="preflight-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+    if time.monotonic() - t0 >= 2.0:
+        say(f"{what}: done in {time.monotonic() - t0:.1f} s")
+
+
+class RowProgress:
+    """Progress of a pass over `total` rows: a line with counts, share and ETA at most
+    every TICK_SECONDS (the first after TICK_SECONDS, so a quick pass prints none)."""
+
+    def __init__(self, say: Callable[[str], None], what: str, total: int | None) -> None:
+        self.say, self.what, self.total = say, what, total
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.last < TICK_SECONDS:
+            return
+        self.last = now
+        elapsed = now - self.t0
+        if self.total:
+            eta = (self.total - done) * elapsed / max(done, 1)
+            self.say(f"{self.what}: {done:,} of {self.total:,} rows ({100 * done / self.total:.0f}%)"
+                     f", {elapsed:.0f} s, ETA {eta:.0f} s")
+        else:
+            self.say(f"{self.what}: {done:,} rows, {elapsed:.0f} s")
+
+
+def _target_shape(paths: list[str]) -> tuple[int, int]:
+    """(rows, width) of the target chunks: from the cached store's manifest when it matches,
+    else from the chunk headers (which also checks every chunk is readable and well-formed)."""
     from aleph.targets import describe_sources, source_fingerprint, store_dir_for
     from aleph.targets.sources import source_stats
     from aleph.targets.store import load_manifest
@@ -159,10 +249,11 @@ def _target_rows(paths: list[str]) -> int:
     try:
         manifest = load_manifest(store_dir_for(paths))
         if manifest["source_fingerprint"] == fp:
-            return manifest["rows"]
+            return manifest["rows"], manifest["dim"]
     except StoreError:
         pass
-    return sum(info.rows for info in describe_sources(paths))
+    infos = describe_sources(paths)
+    return sum(info.rows for info in infos), infos[0].dim
 
 
 def expand_targets(paths: tuple[str, ...]) -> list[str]:
@@ -209,7 +300,13 @@ def prepare_targets(cfg: TrainConfig, sources: list[str], world: World, log) -> 
     log(f"target store: {impl} ({origin}): {p.reason}")
     store_dir = store_dir_for(sources)
     hit = cached_store(store_dir, source_fingerprint(source_stats(sources)), impl) is not None
-    store = ensure_store(sources, implementation=impl, headroom_bytes=headroom, force=forced)
+    if hit:
+        store = ensure_store(sources, implementation=impl, headroom_bytes=headroom, force=forced)
+    else:  # reads every chunk once: minutes on E1's 66 chunks, so it reports while it works
+        with _timed(log, f"target store: building {impl} from {len(sources)} chunk file(s) "
+                         f"into {store_dir}"):
+            store = ensure_store(sources, implementation=impl, headroom_bytes=headroom,
+                                 force=forced)
     log(f"target store: {'cache hit' if hit else 'built'} {store!r}")
     return store
 
@@ -232,7 +329,8 @@ def captions_identity(source: str, column: str = "caption") -> dict[str, Any]:
 CAPTIONS_MEMO_DIR = ("cache", "captions-sha256")
 
 
-def captions_digest(source: str, load, column: str = "caption") -> tuple[str, list[str] | None]:
+def captions_digest(source: str, load, column: str = "caption",
+                    say: Callable[[str], None] = lambda line: None) -> tuple[str, Any]:
     """(sha256 of the captions as `aleph.data.tokens.captions_sha256` defines it, the captions
     if they had to be read, else None).
 
@@ -241,6 +339,7 @@ def captions_digest(source: str, load, column: str = "caption") -> tuple[str, li
     in <work>/cache/captions-sha256/<key>.json under the source's cheap identity (path,
     size, mtime; or the dataset id): a changed file gets a new identity and is re-hashed.
     """
+    from aleph.data.captions import CaptionSource
     from aleph.data.tokens import captions_sha256
 
     identity = captions_identity(source, column)
@@ -252,9 +351,16 @@ def captions_digest(source: str, load, column: str = "caption") -> tuple[str, li
             saved = {}  # written atomically, so a hand edit: recompute and rewrite it
         digest = saved.get("captions_sha256")
         if saved.get("identity") == identity and isinstance(digest, str) and len(digest) == 64:
+            say(f"inputs: captions {source}: content hash memoised ({memo.name})")
             return digest, None
     captions = load(source)
-    digest = captions_sha256(captions)
+    what = f"inputs: captions {source}: hashing (once per file; memoised for later launches)"
+    if isinstance(captions, CaptionSource):
+        with _timed(say, what, tick=False):  # RowProgress says rows done, share and ETA
+            total = captions.count_rows()  # cached on the source: the row check reuses it
+            digest = captions.sha256(progress=RowProgress(say, "inputs: captions hashed", total))
+    else:
+        digest = captions_sha256(captions)
     atomic_write_json(memo, {"identity": identity, "captions_sha256": digest})
     return digest, captions
 
@@ -289,6 +395,8 @@ def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log,
         return store
     if captions is None:
         captions = load(src.captions)
-    store = build_token_store(captions, tokenizer, out, cfg.max_len, expect_sha256=digest)
+    with _timed(log, f"token store: tokenising {src.captions} into {out} (once per captions, "
+                     "tokenizer and max_len)"):
+        store = build_token_store(captions, tokenizer, out, cfg.max_len, expect_sha256=digest)
     log(f"token store: built {out} ({store.rows:,} rows x {store.max_len})")
     return store

@@ -1,12 +1,14 @@
 """One launch of one run: input checks, lock, header, stores, model, resume, loop, outputs.
 
 Order matters and is the contract of the seed's laws: the inputs (captions, targets,
-tokenizer, row counts) are checked before the run directory is created, so a refused
-launch leaves no `runs/<name>/` behind and changes nothing in an existing one; the run
+tokenizer, row counts) are checked before the run directory is created or its config is
+compared, so a refused launch leaves no `runs/<name>/` behind, changes nothing in an
+existing one, and its error names the input at fault rather than a config mismatch; the run
 lock is taken before anything is written into the run directory; the header (launch id,
 allocator cap, VRAM probe, config echo, resume line) is printed once per launch before
 any training; rank 0 is the only writer of the run directory, other ranks write only
-their own per-rank launch log.
+their own per-rank launch log. The console names the run directory before the input checks
+and ends with a summary: where the outputs are and the next command (or how to resume).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from aleph._io import atomic_write_json, read_json, work_root
+from aleph._io import atomic_write_json, read_json
 from aleph.errors import AlephError, ConfigError, RunLocked
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
@@ -26,22 +28,31 @@ from aleph.train import outputs, preflight
 from aleph.train.checkpoint import complete_steps
 from aleph.train.config import TrainConfig, check_same_run, to_dict
 from aleph.train.distributed import World, check_divisible, init_world
-from aleph.train.identity import LAUNCH_DIR, LaunchLog, RunLock, make_launch_id
+from aleph.train.identity import (  # noqa: F401  (run_dir_for: the trainer's run paths)
+    LAUNCH_DIR,
+    RUNS_DIR,
+    LaunchLog,
+    RunLock,
+    make_launch_id,
+    run_dir_for,
+    run_ref,
+)
 from aleph.train.loop import StopFlag, StopRequested
 from aleph.train.session import Session
 
 
-def run_dir_for(cfg: TrainConfig) -> Path:
-    return work_root() / "runs" / f"{cfg.arm}-s{cfg.seed}"
-
-
-def train(cfg: TrainConfig, tracer: Tracer | None = None) -> int:
-    """Run (or resume) `runs/<arm>-s<seed>`; returns the exit code (0 also when stopped).
+def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = None,
+          again: str | None = None) -> int:
+    """Run (or resume) `runs/<name>` (default: identity.run_name of the config, e.g.
+    `runs/a1_anchored-s1` for e1, `runs/smoke/a2_dense-s0` otherwise); returns the exit code
+    (0 also when stopped).
 
     `tracer`: the executed-code tracer the CLI started before resolving the config
-    (aleph.record.fingerprint); one is started here for other callers.
+    (aleph.record.fingerprint); one is started here for other callers. `again`: the command
+    line that relaunches this run, for the resume hint of a stopped launch.
     """
     tracer = tracer if tracer is not None else Tracer().start()
+    run_dir = run_dir_for(cfg, name)  # a bad --name fails here, before anything else
     wants_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.hf_token:  # huggingface_hub reads it for gated captions/tokenizer downloads
         os.environ["HF_TOKEN"] = cfg.hf_token
@@ -51,15 +62,17 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None) -> int:
     lock, stop = None, None
     try:
         check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
+        if world.is_main:
+            print(f"aleph train: run {run_ref(run_dir)} in {run_dir}; checking the inputs first "
+                  "(nothing is written until they pass)", flush=True)
         inputs = _checked_inputs(cfg, world)  # before the run directory exists
-        run_dir = run_dir_for(cfg)
         lock = RunLock(run_dir)
         launch_id = _lock_and_name(lock, world)
         # Stop handlers from the moment the lock is held: a SIGTERM/SIGINT during store
         # builds must end this launch as 'stopped', not kill it (the next launch would
         # then find it 'running' and mark it 'lost').
         stop = StopFlag("flag")
-        return _launch(cfg, world, run_dir, launch_id, stop, inputs, tracer)
+        return _launch(cfg, world, run_dir, launch_id, stop, inputs, tracer, again)
     finally:
         tracer.close_window()
         if stop is not None:
@@ -74,7 +87,7 @@ def _checked_inputs(cfg: TrainConfig, world: World) -> preflight.Inputs:
     raises rank 0's refusal, so all ranks stop alike and nothing has been written."""
     if world.is_main:
         try:
-            inputs = preflight.check_inputs(cfg)
+            inputs = preflight.check_inputs(cfg, say=_console)
         except (AlephError, OSError) as e:
             world.broadcast_object(e)
             raise
@@ -84,6 +97,11 @@ def _checked_inputs(cfg: TrainConfig, world: World) -> preflight.Inputs:
     if isinstance(got, BaseException):
         raise got
     return preflight.Inputs(got)
+
+
+def _console(line: str) -> None:
+    """A preflight line before the launch log exists (rank 0's console only)."""
+    print(f"aleph train: {line}", flush=True)
 
 
 def _lock_and_name(lock: RunLock, world: World) -> str:
@@ -102,12 +120,12 @@ def _lock_and_name(lock: RunLock, world: World) -> str:
 
 
 def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop: StopFlag,
-            inputs: preflight.Inputs, tracer: Tracer) -> int:
+            inputs: preflight.Inputs, tracer: Tracer, again: str | None = None) -> int:
     name = f"{launch_id}.log" if world.is_main else f"{launch_id}.rank{world.rank}.log"
     tag = launch_id if world.is_main else f"{launch_id}/rank{world.rank}"
     # Only rank 0 echoes to the console: torchrun interleaves every rank's stdout.
     log = LaunchLog(run_dir / LAUNCH_DIR / name, tag, echo=sys.stdout if world.is_main else None)
-    manifest = None
+    manifest = syncer = None
     code = provenance.code_record(tracer.files)  # the snapshot the tracer hashes
     # Rank 0's heartbeat (launches/<launch id>.heartbeat.json); other ranks only keep state.
     beat = heartbeat.heartbeat_path(run_dir / LAUNCH_DIR, launch_id) if world.is_main else None
@@ -118,11 +136,12 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
             manifest = outputs.Manifest(run_dir, run_dir.name, cfg.arm, cfg.seed)
             manifest.start_launch(launch_id, f"{LAUNCH_DIR}/{name}", world.size, code)
             monitor.start()
+            syncer = _start_sync(cfg, run_dir, log, manifest)
         # The launch is on record: from here until the first step a signal interrupts at
         # once (raises StopRequested, also for a signal that came in meanwhile).
         stop.set_mode("interrupt")
         session = Session(cfg, world, run_dir, launch_id, log, manifest, stop, inputs,
-                          code=code, monitor=monitor, tracer=tracer)
+                          code=code, monitor=monitor, tracer=tracer, syncer=syncer)
         status, note = session.run()
     except StopRequested as e:
         stop.set_mode("flag")  # a signal during the bookkeeping below must not interrupt it
@@ -132,6 +151,9 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
             "redoes it")
         _end(manifest, monitor, tracer, launch_id, 0, outputs.STOPPED, note, False)
         log(f"launch ended: stopped: {note}")
+        if world.is_main:
+            log(summary(run_dir, outputs.STOPPED, log.path, again))
+        _finish_sync(syncer)
         log.close()
         return 0
     except BaseException as e:
@@ -140,12 +162,56 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
         log(f"launch failed: {type(e).__name__}: {e}")
         _end(manifest, monitor, tracer, launch_id, code, outputs.FAILED,
              f"{type(e).__name__}: {e}", isinstance(e, AlephError))
+        _finish_sync(syncer)
         log.close()
         raise
     _end(manifest, monitor, tracer, launch_id, 0, status, note, False)
     log(f"launch ended: {status}{': ' + note if note else ''}")
+    if world.is_main:
+        log(summary(run_dir, status, log.path, again,
+                    f"step {session.pos.step} of {session.total_steps}"))
+    _finish_sync(syncer)
     log.close()
     return 0
+
+
+def summary(run_dir: Path, status: str, log_path: Path, again: str | None,
+            where: str = "before the first step") -> str:
+    """The end-of-launch lines: where the outputs are and the next command; for a stopped
+    launch, how to resume it."""
+    ref = run_ref(run_dir)
+    lines = [f"summary: run {ref} {status} ({where}); run directory {run_dir}",
+             f"  log of this launch: {log_path}",
+             f"  metrics: {run_dir / outputs.METRICS}; TensorBoard events: {run_dir / outputs.TB_DIR}"
+             " (`aleph tensorboard`)"]
+    if status == outputs.COMPLETE:
+        lines += [f"  weights: {run_dir / 'weights' / 'final'}",
+                  f"  next: `aleph eval {ref}`, then `aleph report {ref}` (and other runs)"]
+    else:
+        lines.append(f"  resume: run the same command again (`{again or 'aleph train ...'}`); "
+                     "it continues from the last resume state in checkpoints/")
+        saved = sorted((run_dir / "weights").glob("step-*"))
+        if saved:
+            lines.append(f"  or evaluate the newest saved weights now: `aleph eval {ref} "
+                         f"--weights {saved[-1]}`")
+    return "\n".join(lines)
+
+
+def _start_sync(cfg: TrainConfig, run_dir: Path, log, manifest: outputs.Manifest):
+    """Rank 0's background sync to cfg.sync_to (None when off); each success is recorded
+    in this launch's manifest entry (`sync`: destination, time, step, revision)."""
+    if not cfg.sync_to:
+        return None
+    from aleph.sync import Syncer, parse_destination
+
+    return Syncer(run_dir, parse_destination(cfg.sync_to), cfg.sync_every_minutes, log,
+                  on_synced=lambda result: manifest.record(sync=result.record()))
+
+
+def _finish_sync(syncer) -> None:
+    """The final sync, after the launch's end is recorded (so the copy says how it ended)."""
+    if syncer is not None:
+        syncer.finish()
 
 
 def _end(manifest: outputs.Manifest | None, monitor: heartbeat.LaunchMonitor, tracer: Tracer,

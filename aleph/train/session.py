@@ -26,7 +26,8 @@ class Session:
     def __init__(self, cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, log,
                  manifest: outputs.Manifest | None, stop: loop.StopFlag,
                  inputs: preflight.Inputs, code: dict | None = None,
-                 monitor: LaunchMonitor | None = None, tracer: Tracer | None = None) -> None:
+                 monitor: LaunchMonitor | None = None, tracer: Tracer | None = None,
+                 syncer=None) -> None:
         self.cfg, self.world, self.run_dir, self.log = cfg, world, run_dir, log
         self.launch_id, self.manifest, self.stop = launch_id, manifest, stop
         self.inputs = inputs  # checked by run.train before the run directory was created
@@ -34,6 +35,7 @@ class Session:
         # the launch's live state (phase, steps) and heartbeat; the executed-code tracer
         self.monitor = monitor or LaunchMonitor(None, launch_id)
         self.tracer = tracer or Tracer()
+        self.syncer = syncer  # rank 0's aleph.sync.Syncer, None when sync_to is off
 
     def run(self) -> tuple[str, str]:
         """(status, note) of the launch: 'complete' or 'stopped'.
@@ -57,7 +59,7 @@ class Session:
         cfg, w = self.cfg, self.world
         self.log(f"launch {self.launch_id}: rank {w.rank} of {w.size}, host {hostname()}, "
                  f"pid {os.getpid()}, torch {torch.__version__}, code {self.code['revision']} "
-                 f"(source sha256 {self.code['source_sha256']})")
+                 f"(source sha256 {self.code['source_sha256']}), run directory {self.run_dir}")
         self.device = preflight.pick_device(cfg, w)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
@@ -74,6 +76,8 @@ class Session:
             self.tokenizer = load_tokenizer(self.sources.tokenizer)
         self.log(preflight.vram_probe(cfg, self.device, self._estimate_vram()))
         self.log("config: " + echo(cfg))
+        if self.syncer is not None:
+            self.log(self.syncer.header_line())
         self.resume_from = self._find_resume()
         for line in self.manifest.lost if self.manifest is not None else []:
             self.log(line)
@@ -222,6 +226,9 @@ class Session:
         self.order = loop.DataOrder(cfg.seed, self.tokens.rows, cfg.batch_size)
         total = cfg.epochs * self.order.steps_per_epoch
         self.total_steps = min(total, cfg.max_steps) if cfg.max_steps else total
+        if cfg.warmup_steps > self.total_steps:  # loop.make_scheduler cuts it: say so
+            self.log(f"warmup_steps {cfg.warmup_steps} > total steps {self.total_steps}: warmup "
+                     f"cut to {self.total_steps} (the whole run is linear warmup, no cosine decay)")
         self.opt = loop.make_optimizer(self.model, cfg)
         self.sched = loop.make_scheduler(self.opt, cfg, self.total_steps)
         self.pos = ckpt.Position(0, 0, 0, 0, 0.0)
@@ -234,7 +241,8 @@ class Session:
     def _load(self, path: Path) -> None:
         self.pos, rngs, meta = ckpt.load(path, self.model, self.opt, self.sched)
         if len(rngs) == self.world.size:
-            ckpt.set_rng_state(rngs[self.world.rank])
+            ckpt.set_rng_state(rngs[self.world.rank], self.device,
+                               ckpt.stream_seed(self.cfg.seed, self.world.rank, self.pos.step))
         else:
             # Data order and optimiser state carry over exactly (the global batch is fixed);
             # only the per-rank dropout streams cannot, so they are reseeded from the step.
@@ -251,13 +259,17 @@ class Session:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            return DDP(model, device_ids=ids)
+            # broadcast_buffers=False: the only buffers are the banks' per-rank usage
+            # statistics (and fixed ones), which rank 0 must not overwrite each step; the
+            # gradients become views into DDP's buckets, saving a copy and its memory.
+            return DDP(model, device_ids=ids, broadcast_buffers=False,
+                       gradient_as_bucket_view=True)
         return model
 
 
 def seed_streams(seed: int, rank: int, step: int) -> None:
     """Seed python/numpy/torch RNGs (dropout, anything random) per rank and step."""
-    s = (seed * 1_000_003 + rank * 7919 + step) % (2**32)
+    s = ckpt.stream_seed(seed, rank, step)
     random.seed(s)
     np.random.seed(s)
     torch.manual_seed(s)

@@ -50,7 +50,7 @@ def test_campaign_killed_and_restarted_runs_every_run_once(campaign_work, tmp_pa
                                                            smoke_data_dir):
     work, name = campaign_work, "e2e"
     cmd = campaign_cmd(name, "--devices", "cpu:2")
-    held = RunLock(work / "runs" / HELD)
+    held = RunLock(work / "runs" / "smoke" / HELD)
     held.acquire()  # another launch holds this run: the campaign must report it, not run it
     paused: list[int] = []
     try:
@@ -104,7 +104,7 @@ def test_campaign_killed_and_restarted_runs_every_run_once(campaign_work, tmp_pa
     assert sorted(p.name for p in (camp / "launches").iterdir()) == sorted(f"{r}.1.log" for r in RUNS)
     slots = {}
     for rid in RUNS:
-        run, rd = state["runs"][rid], work / "runs" / rid
+        run, rd = state["runs"][rid], work / "runs" / "smoke" / rid
         assert run["status"] == "complete" and run["failures"] == 0, (rid, run)
         (e,) = run["launches"]  # one launch per run, across both campaign processes
         assert (e["outcome"], e["exit_status"]) == ("complete", 0), (rid, e)
@@ -126,6 +126,12 @@ def test_campaign_killed_and_restarted_runs_every_run_once(campaign_work, tmp_pa
     # --- evaluation, report, diff matrix, summary ---------------------------------------
     report = (camp / "report" / "report.md").read_text()
     assert all(f"| {rid} |" in report for rid in RUNS)
+    from PIL import Image  # matplotlib's own dependency: reads the picture back
+
+    with Image.open(camp / "report" / "report.png") as png:  # as `aleph report` writes it
+        assert (png.format, png.size) == ("PNG", (1500, 800))
+        png.load()  # decodes every byte: a truncated or corrupt file raises here
+        assert len(png.convert("L").getcolors(256)) > 16  # curves and bars, not a blank canvas
     matrix = json.loads((camp / "diff-matrix.json").read_text())
     assert matrix["runs"] == RUNS and len(matrix["pairs"]) == 15
     for p in matrix["pairs"]:
@@ -134,7 +140,7 @@ def test_campaign_killed_and_restarted_runs_every_run_once(campaign_work, tmp_pa
     assert "# campaign e2e: complete" in out2 and "## E1 table" in out2
     assert "## runs diff matrix" in out2 and (camp / "summary.md").read_text() in out2
     for rid in RUNS:
-        assert json.loads((work / "runs" / rid / "eval.json").read_text())["weights"]["sha256"] \
+        assert json.loads((work / "runs" / "smoke" / rid / "eval.json").read_text())["weights"]["sha256"] \
             == state["runs"][rid]["weights_sha256"]
 
     # --- another campaign over complete runs launches nothing --------------------------
@@ -145,12 +151,12 @@ def test_campaign_killed_and_restarted_runs_every_run_once(campaign_work, tmp_pa
     for rid in ("a1_anchored-s0", "a1_anchored-s1"):
         assert f"{rid}: already complete before this launch: skipped" in again.stdout
         assert read_state(work, "again")["runs"][rid]["launches"] == []
-        assert len(rundirs.trainer_logs(work / "runs" / rid)) == 1
+        assert len(rundirs.trainer_logs(work / "runs" / "smoke" / rid)) == 1
     from aleph.train.config import resolve
 
     other = resolve("smoke", None, [*RUN_SETS[1::2], "max_steps=9"], arm="a1_anchored", seed=0)
     assert "is complete with another config" in rundirs.config_conflict(
-        work / "runs" / "a1_anchored-s0", other)
+        work / "runs" / "smoke" / "a1_anchored-s0", other)
 
     # --- the same runs launched one by one give the same final weights ------------------
     alone = seed_work(tmp_path_factory.mktemp("one-by-one") / "work", smoke_data_dir)
@@ -164,7 +170,7 @@ def test_campaign_killed_and_restarted_runs_every_run_once(campaign_work, tmp_pa
     for rid, p in zip(COMPARED, procs_, strict=True):
         out = p.communicate(timeout=300)[0]
         assert p.returncode == 0, out[-3000:]
-        assert sha256_file(alone / "runs" / rid / rundirs.FINAL_WEIGHTS) == \
+        assert sha256_file(alone / "runs" / "smoke" / rid / rundirs.FINAL_WEIGHTS) == \
             state["runs"][rid]["weights_sha256"], rid
 
 
@@ -186,7 +192,7 @@ def test_sigterm_stops_the_trainers_cleanly_and_exits_0(campaign_work):
     assert state["processes"][-1]["status"] == "stopped by SIGTERM"
     assert f"a2_dense-s3: SIGTERM sent to pid {e['pid']}" in out
     assert "# campaign stop: stopped (resumable" in out and "## E1 table" not in out
-    rd = work / "runs" / "a2_dense-s3"
+    rd = work / "runs" / "smoke" / "a2_dense-s3"
     (launch,) = json.loads((rd / "manifest.json").read_text())["launches"]
     assert (launch["status"], launch["exit_status"]) == ("stopped", 0)
     assert (rd / "checkpoints" / "step-00000002" / "COMPLETE").is_file()  # it saved on SIGTERM

@@ -105,7 +105,8 @@ def test_every_launch_of_the_check_is_a_valid_config(gc):
         if item == "compile-ckpt-refused":
             continue  # refused on purpose: checked for real below
         cfg = resolve(a.preset, a.config, a.overrides, arm=a.arm, seed=a.seed)
-        assert f"{cfg.arm}-s{cfg.seed}" == gc.run_id(item)
+        assert (f"{cfg.arm}-s{cfg.seed}" if a.preset == "e1"
+                else f"{cfg.preset}/{cfg.arm}-s{cfg.seed}") == gc.run_id(item)
         if a.preset == "e1":  # the E1 shape on the smoke data
             assert (cfg.smoke_data, cfg.tokenizer, cfg.batch_size, cfg.max_len, cfg.d_model) == (
                 True, "", 256, 128, 512)

@@ -35,6 +35,7 @@ def test_runs_list_status_steps_launch_and_evaluation(tmp_path, capsys):
     _run(tmp_path, "a3_random-s0", ["stopped", "running"])  # marked running, nobody holds the lock
     live = _run(tmp_path, "a3_random-s1", ["running"], step=10)
     _run(tmp_path, "a2_dense-s1", ["complete"], final=True, step=128)
+    _run(tmp_path, "smoke/a2_dense-s0", ["complete"], final=True, step=128)  # a smoke preset run
     fd = os.open(live / "run.lock", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live launch holds it
@@ -50,6 +51,7 @@ def test_runs_list_status_steps_launch_and_evaluation(tmp_path, capsys):
     assert rows["a3_random-s0"][0] == "lost" and "L1 (trained, running, started 2026-11-30T01:00:00Z)" in rows["a3_random-s0"][1]
     assert rows["a3_random-s1"][0] == "running" and rows["a3_random-s1"][1].startswith("10/128")
     assert rows["a2_dense-s1"][1].endswith(f"no: `aleph eval {tmp_path / 'runs' / 'a2_dense-s1'}`")
+    assert rows["smoke/a2_dense-s0"][0] == "complete"  # found one level down, runs/<preset>/
     # the lock is released: the same run now reads as lost; nothing was written by listing
     assert main(["runs", "list", str(tmp_path)]) == 0
     assert _table(capsys)[0]["a3_random-s1"][0] == "lost"

@@ -39,7 +39,8 @@ def _bare_run(work: Path, seed: str, epochs: str) -> str:
     env.update(ALEPH_WORK=str(work), PYTHONPATH=str(REPO))
     _run([sys.executable, "-m", "aleph", "train", "--arm", "a2_dense", "--seed", seed,
           "--preset", "smoke", "--set", f"epochs={epochs}"], env=env, timeout=900, cwd=REPO)
-    return hashlib.sha256((work / "runs" / f"a2_dense-s{seed}" / FINAL).read_bytes()).hexdigest()
+    final = work / "runs" / "smoke" / f"a2_dense-s{seed}" / FINAL
+    return hashlib.sha256(final.read_bytes()).hexdigest()
 
 
 def _volume_sha(stack, run: str) -> str:
@@ -82,7 +83,7 @@ def test_smoke_arm_trains_in_the_container_as_on_this_machine(stack, tmp_path):
     cid = stack.container_id("train-a2")
     assert stack.inspect(cid, "{{.State.ExitCode}} {{.RestartCount}}") == "0 0"
     assert "launch ended: complete: 128 steps" in _logs(cid)
-    assert _volume_sha(stack, "a2_dense-s1") == bare["sha"]
+    assert _volume_sha(stack, "smoke/a2_dense-s1") == bare["sha"]
     print(f"smoke a2 seed 1: container {FINAL} sha256 {bare['sha']} == bare machine")
     stack.compose("rm", "-f", "train-a2")
 
@@ -135,7 +136,7 @@ def test_stop_and_kill_mid_run_resume_to_the_bare_machine_weights(stack, tmp_pat
     assert stack.inspect(cid, "{{.State.ExitCode}} {{.RestartCount}}") == "0 1"
     print(f"after kill -9 of host pid {pid}: RestartCount 1, final exit 0")
     t.join()
-    run = f"a2_dense-s{LONG['ALEPH_SEED']}"
+    run = f"smoke/a2_dense-s{LONG['ALEPH_SEED']}"
     launches = stack.on_volume(f"cat /workspace/runs/{run}/launches/*.log")
     assert "launch ended: complete: 1920 steps" in launches
     # Three launches: the first, the start after the stop, the restart after the kill;
@@ -176,6 +177,6 @@ def test_tensorboard_answers_on_loopback_only(stack):
             return False
 
     runs = json.loads(_wait_for(page, "TensorBoard on 127.0.0.1", timeout=180, every=2))
-    assert any("a2_dense-s1" in r for r in runs), runs
+    assert any("smoke/a2_dense-s1" in r for r in runs), runs
     stack.compose("stop", "tensorboard")
     assert CPU_IMAGE in stack.inspect(cid, "{{.Config.Image}}")

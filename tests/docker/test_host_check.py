@@ -112,9 +112,11 @@ def test_runs_for_real(tmp_path):
     )
     last = p.stdout.rstrip().splitlines()[-1]
     assert (p.returncode, last == "host check: OK") in ((0, True), (1, False)), p.stdout
+    assert "None" not in p.stdout  # words for what is absent, on this very machine
     if shutil.which("nvidia-smi") is None:  # a CPU machine must be told it lacks the driver
         assert p.returncode == 1
         assert "MISSING: NVIDIA driver: nvidia-smi not found" in p.stdout
+        assert "HINT: without Docker (README, 'On any Linux x86_64 machine without Docker')" in p.stdout
 
 
 def test_script_parses_as_python_3_10():

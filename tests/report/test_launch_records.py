@@ -54,6 +54,20 @@ def test_launches_that_trained_nothing_add_no_caveat(tmp_path):
            "nothing the run kept" in texts
 
 
+def test_a_refused_launch_between_two_that_trained_is_no_part_of_the_resume_caveat(tmp_path):
+    a = _run(tmp_path / "x", [launch(1, "trained", (0, 64))])
+    b = _run(tmp_path / "y", [
+        launch(1, "trained", (0, 32), status="stopped"),
+        launch(2, "refused", None, status="failed", code=2, note="DataError: inputs changed"),
+        launch(3, "resumed", (32, 64)),
+    ])
+    d = diff_runs(a, b)
+    assert d.caveats == ["B: 2 launch(es) trained steps the run kept: resumed 1 time(s)"], format_diff(d)
+    assert ("info", "B: 3 launch(es); 1 trained nothing the run kept (1 refused before training)") in [
+        (f.level, f.text) for f in d.findings if f.section == "launches"]
+    assert not any("L2" in text for text in d.caveats + d.blockers)
+
+
 def test_a_lost_launch_that_trained_carries_its_diagnosis(tmp_path):
     diagnosis = ("likely killed by the cgroup OOM killer at 1,000 of 1,000 bytes (oom_kill counter "
                  "of memory cgroup /x rose 0 -> 1 since the last heartbeat); last heartbeat ...")

@@ -104,7 +104,8 @@ def test_the_glossary_is_printed_under_the_table(tmp_path, capsys):
     table_end = out.index("| a1_anchored-s0 |")
     for name in ("mean", "dispatch OFF", "toggle", "R@1 (b=256)", "cos->target", "erank/768", "basis"):
         assert out.index(f"- **{name}**: ") > table_end, name
-    assert "tied top scores share the hit" in out and "n/a for the dense arm" in out
+    assert "tied top scores (a target present twice in a batch) share the hit" in out
+    assert "n/a for the dense arm" in out
 
 
 def test_report_on_a_trained_but_not_evaluated_run_says_to_run_eval(tmp_path, capsys):
@@ -192,3 +193,13 @@ def test_report_writes_the_picture_as_a_png_of_the_stated_size(tmp_path, capsys)
     data = (out / "report.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     assert struct.unpack(">II", data[16:24]) == plot.SIZE_PX == (1500, 800)
+
+
+def test_the_picture_title_names_the_preset_the_runs_trained(tmp_path):
+    from aleph.report import plot
+
+    smoke = fake_eval(tmp_path / "s", "a2_dense", 0, 0.9, config={"preset": "smoke"})
+    e1 = fake_eval(tmp_path / "e", "a2_dense", 1, 0.6, config={"preset": "e1"})
+    runs = [r for r in table.build([smoke, e1])["rows"] if r["kind"] == "run"]
+    assert plot._title(runs[:1]) == "smoke runs: s"
+    assert plot._title(runs) == "e1 + smoke runs: s, e"

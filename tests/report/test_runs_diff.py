@@ -119,7 +119,7 @@ def test_launch_history_gaps_missing_headers_and_failures(tmp_path):
     d = diff_runs(a, b)
     assert d.verdict == "equivalent with caveats"
     texts = [t for _, t in levels(d, "launches")]
-    assert "B: 2 launch(es): resumed 1 time(s)" in texts
+    assert "B: 2 launch(es) trained steps the run kept: resumed 1 time(s)" in texts
     assert "B: gap of 1h00m00s before launch 2 (L2)" in texts
     assert "B: launch 1 (L1) ended lost with exit status 137" in texts
     assert any(t.startswith("B: launch 2 (L2): log L2.log does not start with this launch's lines") for t in texts)
@@ -275,7 +275,7 @@ def test_launch_statuses_are_the_trainers_and_each_is_judged(tmp_path):
     def first(status, code):
         edit(b, "manifest.json", lambda m: m["launches"][0].update(status=status, exit_status=code))
         d = diff_runs(a, b)
-        return d.verdict, [c for c in d.caveats if c != "B: 2 launch(es): resumed 1 time(s)"], d.blockers
+        return d.verdict, [c for c in d.caveats if c != "B: 2 launch(es) trained steps the run kept: resumed 1 time(s)"], d.blockers
 
     # a stop (SIGTERM, exit 0) followed by a resume is the ordinary resume: no extra finding
     assert first("stopped", 0) == ("equivalent with caveats", [], [])
@@ -355,7 +355,7 @@ def test_a_launch_that_found_the_run_complete_is_not_a_resume(tmp_path):
          "exit_status": 0, "status": "complete", "note": NOTHING_TO_TRAIN}])
     d = diff_runs(a, b)
     assert d.verdict == "equivalent" and d.caveats == []
-    assert ("info", "B: 2 launch(es); 1 found the run already complete and trained nothing") in [
+    assert ("info", "B: 2 launch(es); 1 trained nothing the run kept (1 found the run already complete)") in [
         (f.level, f.text) for f in d.findings if f.section == "launches"]
     edit(b, "manifest.json", lambda m: m["launches"][1].update(note="64 steps"))
-    assert diff_runs(a, b).caveats == ["B: 2 launch(es): resumed 1 time(s)"]
+    assert diff_runs(a, b).caveats == ["B: 2 launch(es) trained steps the run kept: resumed 1 time(s)"]

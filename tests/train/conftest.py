@@ -67,7 +67,7 @@ def completed_run(tmp_path_factory, smoke_data_dir: Path, arm: str, seed: int,
     shutil.copytree(smoke_data_dir, smoke_dir(work))
     proc = run_train(work, train_cmd(arm, seed, *sets))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return work / "runs" / f"{arm}-s{seed}"
+    return work / "runs" / "smoke" / f"{arm}-s{seed}"
 
 
 def start_train(work: Path, cmd: list[str], **env) -> subprocess.Popen:

@@ -222,3 +222,55 @@ def test_every_float_field_given_as_an_int_becomes_a_float(tmp_path):
     cfg = resolve("smoke", overrides=["betas=[0, 0]"], arm="a2_dense")
     assert [type(b) for b in cfg.betas] == [float, float]
     assert type(resolve("smoke", overrides=["epochs=3"], arm="a2_dense").epochs) is int
+
+
+def test_help_lists_every_field_with_type_and_default(capsys):
+    """`aleph train --help` documents each config field: name, type, default, first line."""
+    from dataclasses import fields
+
+    from aleph.cli import main
+    from aleph.train.config import TrainConfig, field_docs
+
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    docs = field_docs()
+    for f in fields(TrainConfig):
+        assert f"  {f.name} ({f.type}) = {f.default!r}" in out, f.name
+        assert docs[f.name].split(". ")[0][:40] in out, f.name  # its docstring's first line
+    assert "  warmup_steps (int) = 2000 [smoke: 20]" in out  # the smoke preset's value beside it
+    assert "--name NAME" in out
+
+
+@pytest.mark.parametrize("typo,field", [("warmup_step", "warmup_steps"), ("batchsize", "batch_size"),
+                                        ("captons", "captions")])
+def test_a_set_typo_suggests_the_field(typo, field):
+    with pytest.raises(ConfigError, match=rf"--set: unknown config field\(s\) {typo} "
+                                          rf"\(did you mean '{field}'\?\); `aleph train --help`"):
+        resolve("smoke", overrides=[f"{typo}=1"], arm="a2_dense")
+    with pytest.raises(ConfigError) as e:  # nothing close: no suggestion
+        resolve("smoke", overrides=["zzzz=1"], arm="a2_dense")
+    assert "did you mean" not in str(e.value)
+
+
+def test_run_names_by_preset_and_name():
+    from aleph.train.identity import check_run_name, run_dir_for, run_name
+
+    assert run_name("e1", "a1_anchored", 1) == "a1_anchored-s1"  # the seed's names
+    assert run_name("smoke", "a2_dense", 0) == "smoke/a2_dense-s0"
+    smoke = resolve("smoke", arm="a2_dense")
+    assert run_dir_for(smoke).parts[-3:] == ("runs", "smoke", "a2_dense-s0")
+    assert run_dir_for(smoke, "my-a2").parts[-2:] == ("runs", "my-a2")
+    assert check_run_name("grid/lr-1e-3_a2") == "grid/lr-1e-3_a2"
+    for bad in ("../x", "/abs/run", "a/b/c", "", ".hidden", "a b", "x/..", "smoke/"):
+        with pytest.raises(ConfigError, match=f"--name {bad!r}: expected a run name relative"):
+            check_run_name(bad)
+
+
+def test_a_run_recorded_before_target_dim_resumes():
+    saved = to_dict(resolve("smoke", arm="a2_dense"))
+    del saved["target_dim"]  # a config.json written before the field existed: any width
+    check_same_run(saved, resolve("smoke", arm="a2_dense"))
+    with pytest.raises(ConfigError, match="target_dim: run has 0, launch asks 512"):
+        check_same_run(saved, resolve("smoke", arm="a2_dense", overrides=["target_dim=512"]))

@@ -44,7 +44,7 @@ def single(tmp_path_factory, smoke_data_dir):
 def test_two_gloo_ranks_follow_the_single_process_trajectory(train_work, single):
     proc = run_train(train_work, _torchrun(2, "a1_anchored", 4), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = train_work / "runs" / "a1_anchored-s4"
+    run = train_work / "runs" / "smoke" / "a1_anchored-s4"
     two = _losses(run)
     assert [s for s, _ in two] == [s for s, _ in single] == list(range(1, 9))
     assert [v for _, v in two] == pytest.approx([v for _, v in single], abs=1e-5)
@@ -73,7 +73,7 @@ def test_two_gloo_ranks_follow_the_single_process_trajectory(train_work, single)
 
 
 def test_resume_across_world_size_change(train_work, single):
-    run = train_work / "runs" / "a1_anchored-s4"
+    run = train_work / "runs" / "smoke" / "a1_anchored-s4"
     first = start_train(train_work, _torchrun(2, "a1_anchored", 4), ALEPH_TRAIN_PAUSE_AFTER_STEP="3")
     wait_for_log(run, "paused after step 3", first, timeout=240)
     first.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks

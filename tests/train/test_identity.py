@@ -20,7 +20,7 @@ def _snapshot(run_dir):
 
 
 def test_second_launch_exits_75_and_changes_nothing(train_work):
-    run_dir = train_work / "runs" / "a2_dense-s1"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s1"
     first = start_train(train_work, train_cmd("a2_dense", 1, "max_steps=6"),
                         ALEPH_TRAIN_PAUSE_AFTER_STEP="2")
     log = wait_for_log(run_dir, "paused after step 2", first)
@@ -45,7 +45,7 @@ def test_second_launch_exits_75_and_changes_nothing(train_work):
 
 
 def test_header_order_and_tagging(train_work):
-    run_dir = train_work / "runs" / "a2_dense-s2"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s2"
     proc = run_train(train_work, train_cmd("a2_dense", 2, "max_steps=2", "hf_token=hf_SECRET123"))
     assert proc.returncode == 0, proc.stderr
     (log,) = (run_dir / "launches").glob("*.log")

@@ -17,7 +17,7 @@ def _launches(run_dir):
 
 @pytest.mark.parametrize(("sig", "phase"), [(signal.SIGTERM, "tokens"), (signal.SIGINT, "model")])
 def test_stop_during_preflight_exits_0_records_stopped_and_resumes(train_work, sig, phase):
-    run_dir = train_work / "runs" / "a2_dense-s6"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s6"
     cmd = train_cmd("a2_dense", 6, "max_steps=2")
     proc = start_train(train_work, cmd, ALEPH_TRAIN_PAUSE_IN_PREFLIGHT=phase)
     wait_for_log(run_dir, f"paused in preflight before {phase}", proc)
@@ -44,7 +44,7 @@ def test_stop_during_preflight_exits_0_records_stopped_and_resumes(train_work, s
 
 
 def test_nonfinite_loss_exits_65_and_records_the_failure(train_work):
-    run_dir = train_work / "runs" / "a2_dense-s7"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s7"
     proc = run_train(train_work, train_cmd("a2_dense", 7, "max_steps=4", "lr=1.0e+30",
                                            "warmup_steps=0"))
     assert proc.returncode == 65, proc.stdout + proc.stderr

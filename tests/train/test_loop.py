@@ -124,41 +124,42 @@ def test_nonfinite_error_is_an_aleph_error_with_its_own_exit_code():
     assert 65 not in others
 
 
-def _token_store(tmp_path):
-    """A real token store whose rows have clearly different lengths (3 .. 9 tokens of 12)."""
+def _token_store(tmp_path, max_len: int = 12):
+    """A real token store whose rows have clearly different lengths (3 .. 9 tokens)."""
     from aleph.data.tokenizer import load_tokenizer, train_wordpiece
     from aleph.data.tokens import build_token_store
 
     captions = [" ".join(["cat"] * (1 + i % 7)) for i in range(32)]
     train_wordpiece(captions, tmp_path / "tok")
-    return build_token_store(captions, load_tokenizer(tmp_path / "tok"), tmp_path / "store", 12)
+    return build_token_store(captions, load_tokenizer(tmp_path / "tok"), tmp_path / "store",
+                             max_len)
 
 
-def test_batches_have_max_len_when_compiled_and_trimmed_otherwise(tmp_path):
+def test_compiled_batches_are_bucketed_to_16_and_trimmed_otherwise(tmp_path):
     from types import SimpleNamespace
 
-    from aleph.train.fit import load_batch
+    from aleph.train.loop import bucket_width
+    from aleph.train.prefetch import BatchSource
 
-    tokens = _token_store(tmp_path)
+    assert [bucket_width(w, 40) for w in (1, 16, 17, 33, 40)] == [16, 16, 32, 40, 40]
+    tokens = _token_store(tmp_path, max_len=40)
+    targets = SimpleNamespace(gather=lambda idx, pin: torch.zeros(len(idx), 768))
+    order = DataOrder(0, tokens.rows, 4)
     widths = {}
     for compiled in (False, True):
-        cfg = resolve("smoke", overrides=[f"compile={str(compiled).lower()}"], arm="a2_dense")
-        s = SimpleNamespace(cfg=cfg, tokens=tokens, order=DataOrder(0, tokens.rows, 4), world=World(),
-                            targets=SimpleNamespace(gather=lambda idx, pin: torch.zeros(len(idx), 768)),
-                            device=torch.device("cpu"), pos=ckpt.Position(0, 0, 0, 0))
+        source = BatchSource(tokens, targets, order, World(), torch.device("cpu"), compiled)
         seen = []
-        for b in range(s.order.steps_per_epoch):
-            s.pos = ckpt.Position(b, 0, b, 4 * b)
-            ids, mask, target = load_batch(s)
+        for b in range(order.steps_per_epoch):
+            ids, mask, target = source.to_device(source.host(0, b))
             assert ids.shape == mask.shape and target.shape == (4, 768)
-            trimmed_ids, trimmed_mask = tokens.gather(s.order.indices(0, b, World()))
+            trimmed_ids, trimmed_mask = tokens.gather(order.indices(0, b, World()))
             width = trimmed_ids.shape[1]
             assert torch.equal(ids[:, :width], trimmed_ids) and torch.equal(mask[:, :width], trimmed_mask)
             assert (ids[:, width:] == tokens.pad_id).all() and not mask[:, width:].any()
             seen.append(ids.shape[1])
         widths[compiled] = set(seen)
     assert len(widths[False]) > 1  # trimmed to each batch's longest row: the length varies
-    assert widths[True] == {tokens.max_len}  # compiled: one static shape, no recompiles
+    assert widths[True] == {16}  # compiled: rows of 3..9 tokens, one bucket (not max_len 40)
 
 
 def test_fixed_length_refuses_a_batch_longer_than_max_len():
@@ -248,3 +249,120 @@ def test_position_advances_across_epochs_and_resumes_on_the_right_rows():
         rows = np.concatenate(batches)
         assert len(set(rows.tolist())) == 64  # no row twice within an epoch
         assert np.array_equal(rows, order.permutation(epoch)[:64])  # the epoch's own order
+
+
+# Ops that make the host wait for the device (each a full drain of the GPU queue):
+# .item()/float()/bool()/int() all reach aten._local_scalar_dense; nonzero, masked_select
+# and unique size their output from the data, as does indexing with a boolean mask.
+SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim",
+            "unique_consecutive"}
+MASK_INDEX_OPS = {"index", "index_put", "index_put_"}
+
+
+def _is_sync(name: str, args) -> bool:
+    if name in SYNC_OPS:
+        return True
+    return name in MASK_INDEX_OPS and any(
+        t is not None and t.dtype in (torch.bool, torch.uint8) for t in args[1])
+
+
+class SyncCounter:
+    """Counts host synchronisations inside a block, at the dispatcher and at the methods
+    that never dispatch on CPU (tolist, numpy, cpu): a new `.item()`, `float(t)`, `if t:`,
+    `t.tolist()` or boolean-mask index anywhere in the step (model, loss, loop) is counted.
+
+    The optimiser's step counters are excluded: they are host tensors unless fused=True
+    (then on the device, never read by the host), so reading them never waits for the GPU.
+    """
+
+    def __init__(self, exclude=()) -> None:
+        self.exclude = {id(t) for t in exclude}
+        self.calls: list[str] = []
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.overloadpacket.__name__
+                if _is_sync(name, args) and not any(id(a) in counter.exclude for a in args):
+                    counter.calls.append(name)
+                return func(*args, **(kwargs or {}))
+
+        self._saved = {m: getattr(torch.Tensor, m) for m in ("tolist", "numpy", "cpu")}
+        for name, orig in self._saved.items():
+            setattr(torch.Tensor, name, self._counting(name, orig))
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def _counting(self, name, orig):
+        def method(t, *args, **kwargs):
+            self.calls.append(name)
+            return orig(t, *args, **kwargs)
+        return method
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        for name, orig in self._saved.items():
+            setattr(torch.Tensor, name, orig)
+
+
+@pytest.mark.parametrize("arm", ["a2_dense", "a1_anchored"])
+def test_a_training_step_synchronises_with_the_host_once(arm):
+    """Was 4 (loss.item() before backward, the clipped norm, nce and mse after the step)."""
+    cfg = resolve("smoke", arm=arm)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arm=arm, vocab_size=50, max_len=8, d_model=16, n_layers=2,
+                                    n_heads=2, ffn_dense=32, ffn_expert=8))
+    opt = make_optimizer(model, cfg)
+    sched = make_scheduler(opt, cfg, 10)
+    ids, mask = torch.randint(5, 50, (4, 8)), torch.ones(4, 8, dtype=torch.bool)
+    mask[:, 6:] = False
+    good = torch.nn.functional.normalize(torch.randn(4, 768), dim=-1)
+    cpu = torch.device("cpu")
+    train_step(model, opt, sched, ids, mask, good, cfg, World(), 0, cpu)  # optimiser state exists
+    with SyncCounter(s["step"] for s in opt.state.values()) as sync:
+        res = train_step(model, opt, sched, ids, mask, good, cfg, World(), 1, cpu)
+    assert sync.calls == ["tolist"]
+    assert all(isinstance(v, float) for v in (res.loss, res.nce, res.mse, res.grad_norm))
+    with SyncCounter() as probe:  # the counter itself sees what it is meant to see
+        torch.ones(2).sum().item()
+        bool(torch.ones(2).any())
+        torch.ones(2)[torch.ones(2) > 0].numpy()
+    assert probe.calls == ["_local_scalar_dense", "_local_scalar_dense", "index", "numpy"]
+
+
+def test_ranks_agree_on_stop_and_timed_save_every_16_steps_not_every_step():
+    """Under DDP the agreement is a collective whose result the host reads (a sync)."""
+    from dataclasses import dataclass, field
+    from types import SimpleNamespace
+
+    from aleph.train.fit import AGREE_EVERY_STEPS, Clock, after_step_saves
+    from aleph.train.loop import StopFlag
+
+    @dataclass(frozen=True)
+    class Counting(World):
+        calls: list = field(default_factory=list)
+
+        def any_flag(self, *flags):
+            self.calls.append(flags)
+            return [True, True]  # rank r's timed save is due and a signal came on rank r
+
+    for size, expected in ((2, [16, 32]), (1, list(range(1, 33)))):
+        world = Counting(rank=0, size=size)
+        cfg = resolve("smoke", overrides=["ckpt_every_steps=0", "weights_every_steps=0"])
+        agreed = []
+        stop = StopFlag("flag")
+        try:
+            for step in range(1, 33):
+                s = SimpleNamespace(cfg=cfg, pos=ckpt.Position(step, 0, step, 0), world=world,
+                                    total_steps=step)  # the last step: nothing is saved
+                saved, stopping = after_step_saves(s, stop, Clock(0.0))
+                if stopping:
+                    agreed.append(step)
+        finally:
+            stop.restore()
+        assert AGREE_EVERY_STEPS == 16 and agreed == expected and len(world.calls) == len(expected)

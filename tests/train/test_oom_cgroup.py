@@ -94,7 +94,7 @@ def _remove(cg: Path) -> None:
 
 def test_a_launch_the_cgroup_oom_killer_killed_is_named_by_the_next_launch(train_work):
     version, cg = _child_memory_cgroup(f"aleph-oom-test-{os.getpid()}")
-    run_dir = train_work / "runs" / "a2_dense-s8"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s8"
     try:
         p = _in_cgroup(cg, train_cmd("a2_dense", 8, *COMMON, *WIDE), child_env(train_work))
         assert p.returncode in (-9, 137), (

@@ -17,7 +17,7 @@ def test_smoke_run_outputs(train_work):
                                            "log_every_steps=2", "ckpt_every_steps=10",
                                            "ckpt_every_minutes=0.00001"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    run = train_work / "runs" / "a1_anchored-s0"
+    run = train_work / "runs" / "smoke" / "a1_anchored-s0"
     assert "ETA" in proc.stdout
 
     # TensorBoard, read back with TensorBoard's own reader

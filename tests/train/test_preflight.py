@@ -171,7 +171,7 @@ def test_refused_inputs_leave_no_run_directory(train_work, capsys, case):
     data = _inputs(train_work)
     captions, targets, tok = data / "captions.txt", data / "targets", data / "tokenizer"
     if case == "captions missing":
-        captions, want = data / "nope.txt", f"captions file {data / 'nope.txt'} does not exist"
+        captions, want = data / "nope.txt", f"captions path {data / 'nope.txt'} does not exist"
     elif case == "captions empty":
         captions.write_text("")
         want = f"captions source {captions}: no rows"
@@ -197,7 +197,7 @@ def test_refused_inputs_leave_no_run_directory(train_work, capsys, case):
 def test_refused_inputs_change_nothing_in_an_existing_run(train_work, capsys):
     from aleph.cli import main
 
-    run_dir = train_work / "runs" / "a2_dense-s9"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s9"
     for rel, text in (("config.json", "{}\n"), ("manifest.json", '{"launches": []}\n'),
                       ("launches/x.log", "earlier\n"), ("checkpoints/step-00000003/COMPLETE", "x")):
         (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -211,3 +211,71 @@ def test_refused_inputs_change_nothing_in_an_existing_run(train_work, capsys):
     assert "does not exist" in capsys.readouterr().err
     after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}
     assert after == before
+
+
+def _e1_config(data: Path, targets: Path, *sets: str):
+    return resolve("e1", arm="a2_dense", overrides=[
+        f"captions={data / 'captions.txt'}", f"targets={targets}",
+        f"tokenizer={data / 'tokenizer'}", "batch_size=32", *sets])
+
+
+def test_e1_refuses_targets_of_another_width_unless_set_on_purpose(train_work):
+    """All chunks 512 wide: the e1 preset wants E1's 768 unless target_dim says 512."""
+    import numpy as np
+
+    from aleph.errors import DataError
+    from aleph.train.preflight import check_inputs
+
+    data = _inputs(train_work)
+    narrow = data / "narrow"
+    narrow.mkdir()
+    np.save(narrow / "chunk-000.npy", np.zeros((1024, 512), np.float16))
+    with pytest.raises(DataError, match=rf"targets {narrow / 'chunk-000.npy'} \(1 chunk file\(s\)\): "
+                                        r"512 wide, expected 768 \(the e1 preset expects"):
+        check_inputs(_e1_config(data, narrow))
+    lines: list[str] = []
+    check_inputs(_e1_config(data, narrow, "target_dim=512"), say=lines.append)  # on purpose
+    assert "inputs: targets: 1,024 rows x 512" in lines
+    assert lines[-1].startswith("inputs: OK: 1,024 captions = 1,024 target rows")
+    with pytest.raises(DataError, match="512 wide, expected 640 \\(config field 'target_dim' is 640"):
+        check_inputs(_e1_config(data, narrow, "target_dim=640"))
+    check_inputs(resolve("smoke", arm="a2_dense", overrides=[  # other presets: any width
+        "smoke_data=false", f"captions={data / 'captions.txt'}", f"targets={narrow}",
+        f"tokenizer={data / 'tokenizer'}"]))
+    assert not (train_work / "runs").exists()
+
+
+def test_a_missing_captions_path_is_named_before_a_config_mismatch(train_work, capsys):
+    """An e1 launch into an existing, trained run with another config and captions that do
+    not exist: the error is the captions path, not a list of config differences."""
+    from aleph.cli import main
+
+    data = _inputs(train_work)
+    run_dir = train_work / "runs" / "a2_dense-s3"  # e1: the seed's name, no preset level
+    (run_dir / "checkpoints" / "step-00000003").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-00000003" / "COMPLETE").write_text("x")
+    (run_dir / "config.json").write_text('{"arm": "a2_dense", "seed": 3, "lr": 9.0}\n')
+    missing = "/nonexistent-h12/cc12m.parquet"
+    assert main(["train", "--arm", "a2_dense", "--seed", "3", "--set", f"captions={missing}",
+                 "--set", f"targets={data / 'targets'}", "--set", f"tokenizer={data / 'tokenizer'}"]) == 2
+    out = capsys.readouterr()
+    assert f"aleph train: run a2_dense-s3 in {run_dir}; checking the inputs first" in out.out
+    assert out.err.strip() == (f"aleph train: error: captions path {missing} does not exist (config "
+                               "field 'captions'; expected a .txt/.jsonl/.json/.parquet file or a HF "
+                               "dataset id)")
+
+
+def test_hashing_a_caption_source_reports_rows_share_and_eta(work, tmp_path, monkeypatch):
+    from aleph.data.captions import open_captions
+    from aleph.train import preflight
+
+    monkeypatch.setattr(preflight, "TICK_SECONDS", 0.0)  # every batch reports (E1: every 10 s)
+    f = tmp_path / "caps.txt"
+    f.write_text("a cat\na dog\na bird\n")
+    lines: list[str] = []
+    preflight.captions_digest(str(f), open_captions, say=lines.append)
+    assert lines[0] == f"inputs: captions {f}: hashing (once per file; memoised for later launches) ..."
+    assert lines[1].startswith("inputs: captions hashed: 3 of 3 rows (100%), 0 s, ETA 0 s")
+    lines.clear()
+    preflight.captions_digest(str(f), open_captions, say=lines.append)  # memo hit: one line
+    assert len(lines) == 1 and lines[0].startswith(f"inputs: captions {f}: content hash memoised")

@@ -78,7 +78,7 @@ def run_a(tmp_path_factory, work) -> Path:
     """a1, seed 1, trained on the unedited package."""
     src = copy_package(tmp_path_factory.mktemp("clean"))
     train(src, work, "a1_anchored", 1)
-    return work / "runs" / "a1_anchored-s1"
+    return work / "runs" / "smoke" / "a1_anchored-s1"
 
 
 def test_a_noop_relaunch_on_reverted_code_does_not_make_an_edited_run_equivalent(
@@ -89,7 +89,7 @@ def test_a_noop_relaunch_on_reverted_code_does_not_make_an_edited_run_equivalent
     edit(src, EXPERTS_EDITED, EXPERTS)  # revert, relaunch: the run is complete, a no-op
     out = train(src, work, "a1_anchored", 2)
     assert "run already complete at step 4; nothing to train" in out
-    run_b = work / "runs" / "a1_anchored-s2"
+    run_b = work / "runs" / "smoke" / "a1_anchored-s2"
 
     d = diff_runs(run_a, run_b)
     text = format_diff(d)
@@ -114,7 +114,7 @@ def test_sigint_on_edited_code_then_resume_on_clean_code_names_the_launch_and_st
         tmp_path, work, run_a):
     src = copy_package(tmp_path)
     edit(src, EXPERTS, EXPERTS_EDITED)
-    run_c = work / "runs" / "a1_anchored-s3"
+    run_c = work / "runs" / "smoke" / "a1_anchored-s3"
     proc = subprocess.Popen(cmd("a1_anchored", 3), cwd=src, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
                             env=env_for(src, work, ALEPH_TRAIN_PAUSE_AFTER_STEP="2"))
@@ -162,7 +162,7 @@ def test_a_commit_a2_never_executes_is_behaviour_identical_one_inside_the_dense_
     edit(repo, DENSE, DENSE_EDITED)  # the dense FFN: a2's (and the bank trunk's) forward
     _git(repo, "commit", "-qam", "dense")
     train(repo, work, "a2_dense", 3)
-    runs = [work / "runs" / f"a2_dense-s{s}" for s in (1, 2, 3)]
+    runs = [work / "runs" / "smoke" / f"a2_dense-s{s}" for s in (1, 2, 3)]
 
     d = diff_runs(runs[0], runs[1], repo=repo)
     text = format_diff(d)
@@ -194,7 +194,7 @@ def test_num_threads_is_not_bitwise_comparable_and_the_weights_say_so(tmp_path, 
     shutil.copytree(smoke_data_dir, smoke_dir(other))
     src = copy_package(tmp_path / "src")
     train(src, other, "a1_anchored", 1, "num_threads=2")
-    run_2 = other / "runs" / "a1_anchored-s1"
+    run_2 = other / "runs" / "smoke" / "a1_anchored-s1"
     a, b = final_weights(run_a), final_weights(run_2)
     largest = max((a[k] - b[k]).abs().max().item() for k in a)
     assert largest > 0, "two threads gave bitwise the same weights: the classification is untested"

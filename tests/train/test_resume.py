@@ -37,7 +37,7 @@ def _assert_bitwise(a: dict, b: dict) -> None:
 
 
 def test_sigkill_then_resume_is_bitwise_identical(train_work, reference):
-    run_dir = train_work / "runs" / "a1_anchored-s3"
+    run_dir = train_work / "runs" / "smoke" / "a1_anchored-s3"
     proc = start_train(train_work, train_cmd("a1_anchored", 3, *SETS), ALEPH_TRAIN_PAUSE_AFTER_STEP="5")
     wait_for_log(run_dir, "paused after step 5", proc)
     proc.send_signal(signal.SIGKILL)
@@ -61,13 +61,17 @@ def test_sigkill_then_resume_is_bitwise_identical(train_work, reference):
 
 
 def test_sigterm_saves_at_that_step_exits_0_and_resumes(train_work, reference):
-    run_dir = train_work / "runs" / "a1_anchored-s3"
+    run_dir = train_work / "runs" / "smoke" / "a1_anchored-s3"
     proc = start_train(train_work, train_cmd("a1_anchored", 3, *SETS), ALEPH_TRAIN_PAUSE_AFTER_STEP="4")
-    wait_for_log(run_dir, "paused after step 4", proc)
+    log = wait_for_log(run_dir, "paused after step 4", proc)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "stopped by SIGTERM after step 4" in out
+    # the prefetcher held step 5's batch when the stop came; it is dropped, and the resumed
+    # launch below trains on batches 5..12, none twice, none skipped (bitwise final weights)
+    assert "after step 4 (ALEPH_TRAIN_PAUSE_AFTER_STEP); batch gathered ahead: epoch 0 batch 4" \
+        in log.read_text()
     state = run_dir / "checkpoints" / "step-00000004"
     assert (state / "COMPLETE").is_file()
     meta = json.loads((state / "meta.json").read_text())
@@ -85,7 +89,7 @@ def test_sigterm_saves_at_that_step_exits_0_and_resumes(train_work, reference):
 
 
 def test_changed_config_is_refused_without_touching_the_run(train_work):
-    run_dir = train_work / "runs" / "a2_dense-s1"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s1"
     first = run_train(train_work, train_cmd("a2_dense", 1, "max_steps=2"))
     assert first.returncode == 0, first.stderr
     before = (run_dir / "config.json").read_bytes()
@@ -98,7 +102,7 @@ def test_changed_config_is_refused_without_touching_the_run(train_work):
 
 
 def test_config_may_change_until_something_was_trained(train_work):
-    run_dir = train_work / "runs" / "a2_dense-s4"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s4"
     bad = run_train(train_work, train_cmd("a2_dense", 4, "max_steps=2", "batch_size=2048"))
     assert bad.returncode == 2
     assert "'batch_size': 2048 exceeds the 1024 rows" in bad.stderr

@@ -48,7 +48,7 @@ def killed_at_100(tmp_path_factory, smoke_data_dir) -> Path:
     """A work root whose run was SIGKILLed right after its step-100 state (states 50, 100)."""
     work = tmp_path_factory.mktemp("killed-at-100") / "work"
     shutil.copytree(smoke_data_dir, smoke_dir(work))
-    run_dir = work / "runs" / f"{ARM}-s{SEED}"
+    run_dir = work / "runs" / "smoke" / f"{ARM}-s{SEED}"
     proc = start_train(work, train_cmd(ARM, SEED, *SETS), ALEPH_TRAIN_PAUSE_AFTER_STEP="100")
     wait_for_log(run_dir, "paused after step 100", proc)
     proc.send_signal(signal.SIGKILL)
@@ -59,7 +59,7 @@ def killed_at_100(tmp_path_factory, smoke_data_dir) -> Path:
 def _copy(work: Path, tmp_path: Path) -> tuple[Path, Path]:
     mine = tmp_path / "work"
     shutil.copytree(work, mine, symlinks=True)
-    return mine, mine / "runs" / f"{ARM}-s{SEED}"
+    return mine, mine / "runs" / "smoke" / f"{ARM}-s{SEED}"
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -151,7 +151,7 @@ def test_no_intact_state_starts_fresh_with_a_loud_line(tmp_path, killed_at_100, 
 def test_pruning_leaves_at_most_keep_states_after_kills(train_work):
     """Killed right before and right after a new state's marker: never more than
     keep_checkpoints complete states; a lowered keep_checkpoints is applied at startup."""
-    run_dir = train_work / "runs" / "a2_dense-s8"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s8"
 
     def complete():
         return sorted(p.parent.name for p in (run_dir / "checkpoints").glob("*/COMPLETE")
@@ -189,7 +189,7 @@ def _inputs_copy(work: Path) -> tuple[Path, tuple[str, ...]]:
 
 
 def test_changed_target_chunk_is_refused_naming_both_hashes_unless_allowed(train_work):
-    run_dir = train_work / "runs" / "a2_dense-s9"
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s9"
     data, sets = _inputs_copy(train_work)
     proc = start_train(train_work, train_cmd("a2_dense", 9, *sets),
                        ALEPH_TRAIN_PAUSE_AFTER_STEP="3")

@@ -1,0 +1,88 @@
+"""Destinations: what a push writes to and a pull reads from, named by one string.
+
+`hf:<namespace>/<repo>` is a Hugging Face hub model repo (created private on first push;
+the token comes from the environment, HF_TOKEN, never from a file of this project), any
+other value an existing directory given as an absolute path (a mounted bucket, an NFS
+share, a second disk). Each run is kept under its path relative to the work root
+(`runs/<run>`), so several runs can share one destination.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from aleph.sync.index import SyncError
+from aleph.sync.select import Item
+
+HUB_PREFIX = "hf:"
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+PAUSE_ENV = "ALEPH_SYNC_PAUSE_AFTER_FILES"
+"""Test hook: a push (files sent) or pull (files fetched) waits forever after this many
+files, so a test can kill it at a known point."""
+
+
+class Destination:
+    """One destination. Subclasses keep a run's snapshots so that a push killed at any
+    point leaves the previous complete snapshot readable."""
+
+    spec: str
+
+    def runs(self) -> list[str]:
+        """Run paths holding at least one complete snapshot."""
+        raise NotImplementedError
+
+    def latest(self, run: str):
+        """The newest complete Snapshot of `run`, or None."""
+        raise NotImplementedError
+
+    def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
+                previous, sent: Callable[[], None]) -> str:
+        """Send `sends`, make `index` the newest snapshot (files not sent are unchanged
+        since `previous`; `drops` left it); returns the new revision."""
+        raise NotImplementedError
+
+    def fetch(self, run: str, snap, rel: str, out: Path, scratch: Path) -> None:
+        """Write file `rel` of snapshot `snap` to `out` (not verified here)."""
+        raise NotImplementedError
+
+
+def check_spec(spec: str) -> str | None:
+    """What is wrong with a destination string, or None (used by config validation)."""
+    if spec.startswith(HUB_PREFIX):
+        if not _REPO_ID.fullmatch(spec[len(HUB_PREFIX):]):
+            return f"{HUB_PREFIX}<namespace>/<repo> (a hub repo id such as hf:me/aleph-runs)"
+        return None
+    if not os.path.isabs(spec):
+        return ("an absolute directory path (a mounted bucket, NFS share or second disk) or "
+                f"{HUB_PREFIX}<namespace>/<repo>")
+    return None
+
+
+def parse_destination(spec: str) -> Destination:
+    """The Destination a string names; SyncError naming the string if it names none."""
+    problem = check_spec(spec)
+    if problem:
+        raise SyncError(f"sync destination {spec!r}: expected {problem}")
+    if spec.startswith(HUB_PREFIX):
+        from aleph.sync.hub import HubDestination
+
+        return HubDestination(spec[len(HUB_PREFIX):])
+    from aleph.sync.local import DirDestination
+
+    return DirDestination(Path(spec))
+
+
+def pause_hook(done: int) -> None:
+    """The test hook of PAUSE_ENV: after `done` files, say so on stderr and wait."""
+    want = os.environ.get(PAUSE_ENV)
+    if want and done == int(want):
+        import sys
+        import time
+
+        print(f"sync pause hook: paused after {done} file(s) ({PAUSE_ENV})", file=sys.stderr,
+              flush=True)
+        while True:
+            time.sleep(1)

@@ -1,0 +1,95 @@
+"""A Hugging Face hub destination: a model repo, one commit per push.
+
+A run's files are mirrored at `runs/<run>/<path>` in the repo beside its index
+`runs/<run>/.aleph-sync.json`; a push is a single commit holding the changed files, the
+deletions and the new index, so the repo moves from one complete snapshot to the next or
+not at all (a push killed before its commit leaves nothing). A pull reads the branch head
+once and fetches every file at that commit, so a push landing meanwhile cannot mix two
+snapshots. The token is huggingface_hub's own (HF_TOKEN in the environment); the endpoint
+is HF_ENDPOINT's (default the public hub).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from aleph.sync import index as ix
+from aleph.sync.dest import Destination, pause_hook
+from aleph.sync.index import Snapshot, SyncError
+from aleph.sync.select import Item
+
+INDEX_NAME = ".aleph-sync.json"
+BRANCH = "main"
+
+
+class HubDestination(Destination):
+    def __init__(self, repo_id: str, endpoint: str | None = None) -> None:
+        from huggingface_hub import HfApi
+
+        self.repo_id = repo_id
+        self.spec = f"hf:{repo_id}"
+        self.endpoint = endpoint
+        self.api = HfApi(endpoint=endpoint)
+        self._created = False
+
+    def _head(self):
+        """(commit sha, file names) of the branch head; None when the repo does not exist."""
+        from huggingface_hub.errors import RepositoryNotFoundError
+
+        try:
+            info = self.api.repo_info(self.repo_id, revision=BRANCH, files_metadata=False)
+        except RepositoryNotFoundError:
+            return None
+        return info.sha, [s.rfilename for s in info.siblings or []]
+
+    def runs(self) -> list[str]:
+        head = self._head()
+        if head is None:
+            raise SyncError(f"sync destination {self.spec}: no such repo (or no access: is "
+                            "HF_TOKEN set?)")
+        suffix = "/" + INDEX_NAME
+        return sorted(n[: -len(suffix)] for n in head[1] if n.endswith(suffix))
+
+    def latest(self, run: str) -> Snapshot | None:
+        head = self._head()
+        name = f"{run}/{INDEX_NAME}"
+        if head is None or name not in head[1]:
+            return None
+        with tempfile.TemporaryDirectory(prefix="aleph-sync-") as tmp:
+            data = self._download(name, head[0], Path(tmp)).read_bytes()
+        return Snapshot(ix.parse(data, f"{self.spec}@{head[0][:12]}:{name}"), head[0])
+
+    def _download(self, name: str, revision: str, local_dir: Path) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(self.repo_id, name, revision=revision, local_dir=local_dir,
+                                    endpoint=self.endpoint))
+
+    def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
+                previous: Snapshot | None, sent: Callable[[], None]) -> str:
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        if not self._created:
+            self.api.create_repo(self.repo_id, private=True, exist_ok=True)
+            self._created = True
+        ops = []
+        for n, item in enumerate(sends, start=1):
+            content = item.data if item.data is not None else str(item.path)
+            ops.append(CommitOperationAdd(path_in_repo=f"{run}/{item.rel}", path_or_fileobj=content))
+            pause_hook(n)
+        ops += [CommitOperationDelete(path_in_repo=f"{run}/{rel}") for rel in drops]
+        ops.append(CommitOperationAdd(path_in_repo=f"{run}/{INDEX_NAME}",
+                                      path_or_fileobj=ix.encode(index)))
+        info = self.api.create_commit(
+            self.repo_id, ops, commit_message=f"aleph sync {run} step {index.get('step')}",
+            parent_commit=previous.revision if previous else None)
+        for _ in sends:
+            sent()
+        return info.oid
+
+    def fetch(self, run: str, snap: Snapshot, rel: str, out: Path, scratch: Path) -> None:
+        got = self._download(f"{run}/{rel}", snap.revision, scratch)
+        os.replace(got, out)

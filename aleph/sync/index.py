@@ -1,0 +1,96 @@
+"""The sync index: the list of a pushed run's files (path -> sha256, size), written last.
+
+A destination counts a push only once its index is in place, so a push killed half way
+never looks complete, and `pull` checks every file it fetches against the index. Paths
+in an index are checked before use: a damaged or hostile index cannot make `pull` write
+outside the run directory it restores.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from aleph.errors import AlephError
+
+SCHEMA = "aleph-sync/1"
+RUNS_DIR = "runs"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class SyncError(AlephError):
+    """A push or pull that cannot proceed: the destination, the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One complete state of a run at a destination: its index and the destination's name
+    for it (`r<N>` for a directory, the commit sha for a hub repo)."""
+
+    index: dict[str, Any]
+    revision: str
+
+    @property
+    def files(self) -> dict[str, dict[str, Any]]:
+        return self.index["files"]
+
+    @property
+    def step(self) -> int | None:
+        return self.index.get("step")
+
+
+def check_rel(rel: str, what: str) -> str:
+    """`rel` if it is a plain relative POSIX path (no '..', no absolute, no empty part)."""
+    p = PurePosixPath(rel)
+    if (not rel or p.is_absolute() or "\\" in rel
+            or any(part in ("", ".", "..") for part in rel.split("/"))):
+        raise SyncError(f"{what}: path {rel!r} is not a plain relative path")
+    return rel
+
+
+def run_path(run_dir: Path) -> str:
+    """The run's path relative to its work root, e.g. `runs/smoke/a2_dense-s1`: where it is
+    kept at a destination and restored by `pull`."""
+    run_dir = Path(run_dir).absolute()
+    for parent in run_dir.parents:
+        if parent.name == RUNS_DIR:
+            return run_dir.relative_to(parent.parent).as_posix()
+    raise SyncError(f"{run_dir}: not under a `{RUNS_DIR}` directory of a work root (expected "
+                    f"<work root>/{RUNS_DIR}/<run>)")
+
+
+def make_index(run: str, step: int | None, files: dict[str, dict[str, Any]], time: str) -> dict:
+    return {"schema": SCHEMA, "run": run, "step": step, "time": time,
+            "files": {k: files[k] for k in sorted(files)}}
+
+
+def encode(index: dict) -> bytes:
+    return (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
+
+
+def parse(data: bytes, where: str) -> dict[str, Any]:
+    """Decode and validate an index; errors name `where` and the field at fault."""
+    try:
+        index = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SyncError(f"{where}: not a sync index (invalid JSON: {e})") from None
+    if not isinstance(index, dict) or index.get("schema") != SCHEMA:
+        got = index.get("schema") if isinstance(index, dict) else type(index).__name__
+        raise SyncError(f"{where}: schema {got!r}, expected {SCHEMA!r}")
+    check_rel(str(index.get("run", "")), f"{where} field 'run'")
+    if not str(index["run"]).startswith(RUNS_DIR + "/"):
+        raise SyncError(f"{where}: field 'run' {index['run']!r}, expected {RUNS_DIR}/<run>")
+    files = index.get("files")
+    if not isinstance(files, dict):
+        raise SyncError(f"{where}: field 'files' missing (expected a mapping path -> sha256, size)")
+    for rel, rec in files.items():
+        check_rel(rel, f"{where} field 'files'")
+        if not (isinstance(rec, dict) and isinstance(rec.get("sha256"), str)
+                and _SHA256.fullmatch(rec["sha256"]) and type(rec.get("size")) is int
+                and rec["size"] >= 0):
+            raise SyncError(f"{where}: files[{rel!r}] = {rec!r}, expected {{sha256: 64 hex "
+                            "digits, size: bytes}")
+    return index

@@ -1,0 +1,182 @@
+"""What of a run directory is synced, and the local record that spares re-hashing.
+
+Synced: config.json, manifest.json, metrics.json, eval.json, the launch logs and their
+heartbeat/code records (launches/), the TensorBoard events (tb/), complete weights
+directories (weights/*/ with model_config.json, which save_weights writes last), the
+tokenizer, and the newest COMPLETE resume state whose files match its marker (a state
+without a marker is being written; one whose files differ from it is corrupt or being
+pruned). Not synced: run.lock, leftovers of killed saves, states set aside as corrupt,
+temporary files (dot files), and the local record itself.
+
+Every file is read once through one file descriptor: `size` is taken from that descriptor,
+so a file replaced by an atomic rename meanwhile is read whole as it was, and a file
+appended to (logs, TensorBoard events) is read up to that size, a prefix that appends do
+not change. Mutable files (top-level JSON, launches/, tb/) are always read into memory;
+the others never change once written (resume states, weights, tokenizer) and are sent
+from their path when large.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aleph._io import atomic_write_json, read_json
+
+STATE_FILE = "sync-state.json"
+"""<run>/sync-state.json: sha256 by (size, mtime, inode) of each file hashed, and the last
+push to each destination. Local only; losing it costs a re-hash, never a wrong push."""
+TOP_FILES = ("config.json", "manifest.json", "metrics.json", "eval.json")
+MUTABLE_TREES = ("launches", "tb")
+CKPT_DIR, COMPLETE = "checkpoints", "COMPLETE"
+WEIGHTS_DIR, WEIGHTS_DONE = "weights", "model_config.json"
+TOKENIZER_DIR = "tokenizer"
+IN_MEMORY_MAX = 64 << 20
+"""Immutable files up to this size are read into memory too (one read, no second open)."""
+_STATE_NAME = re.compile(r"step-\d{8}")
+_CHUNK = 8 << 20
+
+
+@dataclass
+class Item:
+    """One file to sync: its path in the run, its sha256 and size as read, and its bytes
+    when read into memory (None: send from `path`, which does not change once written)."""
+
+    rel: str
+    path: Path
+    sha256: str
+    size: int
+    data: bytes | None
+
+
+class HashCache:
+    """sha256 of files keyed by (size, mtime_ns, inode), kept in <run>/sync-state.json."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / STATE_FILE
+        try:
+            state = read_json(self.path)
+        except (OSError, ValueError):
+            state = {}
+        state = state if isinstance(state, dict) else {}
+        self.files: dict[str, Any] = state.get("files") if isinstance(state.get("files"), dict) else {}
+        self.pushed: dict[str, Any] = state.get("pushed") if isinstance(state.get("pushed"), dict) else {}
+
+    def lookup(self, rel: str, st: os.stat_result) -> str | None:
+        rec = self.files.get(rel)
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        return rec["sha256"] if isinstance(rec, dict) and rec.get("key") == key else None
+
+    def store(self, rel: str, st: os.stat_result, sha256: str) -> None:
+        self.files[rel] = {"key": [st.st_size, st.st_mtime_ns, st.st_ino], "sha256": sha256}
+
+    def save(self, keep: set[str]) -> None:
+        self.files = {k: v for k, v in self.files.items() if k in keep}
+        atomic_write_json(self.path, {"files": self.files, "pushed": self.pushed})
+
+
+def read_item(run_dir: Path, rel: str, cache: HashCache, mutable: bool) -> Item | None:
+    """The file `rel` as it is now (None if it vanished meanwhile)."""
+    path = Path(run_dir) / rel
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        known = cache.lookup(rel, st)
+        if not mutable and st.st_size > IN_MEMORY_MAX:
+            sha = known or _hash_stream(f, st.st_size)
+            cache.store(rel, st, sha)
+            return Item(rel, path, sha, st.st_size, None)
+        data = f.read(st.st_size)
+    sha = hashlib.sha256(data).hexdigest()
+    cache.store(rel, st, sha)
+    return Item(rel, path, sha, len(data), data)
+
+
+def _hash_stream(f, size: int) -> str:
+    h, left = hashlib.sha256(), size
+    while left > 0:
+        block = f.read(min(_CHUNK, left))
+        if not block:
+            break
+        h.update(block)
+        left -= len(block)
+    return h.hexdigest()
+
+
+def _tree(run_dir: Path, top: str) -> list[str]:
+    """Regular files under run_dir/top, relative POSIX paths, temporary (dot) files skipped."""
+    root = run_dir / top
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith("."):
+                out.append(Path(dirpath, name).relative_to(run_dir).as_posix())
+    return out
+
+
+def _weights(run_dir: Path) -> list[str]:
+    root = run_dir / WEIGHTS_DIR
+    if not root.is_dir():
+        return []
+    done = sorted(d for d in root.iterdir() if d.is_dir() and (d / WEIGHTS_DONE).is_file())
+    return [rel for d in done for rel in _tree(run_dir, d.relative_to(run_dir).as_posix())]
+
+
+def _marker(state: Path) -> dict[str, dict] | None:
+    """{name: {sha256, size}} of a COMPLETE marker; {} for a legacy one (no checksums)."""
+    try:
+        text = (state / COMPLETE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if re.fullmatch(r"step \d+\n?", text):
+        return {}
+    try:
+        files = json.loads(text)["files"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return files if isinstance(files, dict) else None
+
+
+def resume_state(run_dir: Path, cache: HashCache) -> tuple[int, list[Item]] | None:
+    """The newest complete resume state whose files match its marker: (step, its items)."""
+    root = run_dir / CKPT_DIR
+    states = sorted((p for p in root.iterdir() if p.is_dir() and _STATE_NAME.fullmatch(p.name)),
+                    reverse=True) if root.is_dir() else []
+    for state in states:
+        marker = _marker(state)
+        if marker is None:
+            continue  # no marker yet (being written), or unreadable
+        names = sorted(marker) or sorted(p.name for p in state.iterdir() if p.is_file()
+                                         and p.name != COMPLETE)
+        items = [read_item(run_dir, f"{CKPT_DIR}/{state.name}/{n}", cache, False)
+                 for n in [*names, COMPLETE]]
+        if all(i is not None for i in items) and all(
+                not marker or (i.sha256, i.size) == (marker[n]["sha256"], marker[n]["size"])
+                for n, i in zip(names, items, strict=False)):
+            return int(state.name.split("-")[1]), items
+    return None
+
+
+def collect(run_dir: Path, cache: HashCache) -> tuple[int | None, list[Item]]:
+    """(step of the resume state included or None, every item to sync)."""
+    run_dir = Path(run_dir)
+    items = [read_item(run_dir, name, cache, True) for name in TOP_FILES]
+    for top in MUTABLE_TREES:
+        items += [read_item(run_dir, rel, cache, True) for rel in _tree(run_dir, top)]
+    fixed = _weights(run_dir) + _tree(run_dir, TOKENIZER_DIR)
+    items += [read_item(run_dir, rel, cache, False) for rel in fixed]
+    state = resume_state(run_dir, cache)
+    step = None
+    if state is not None:
+        step, more = state
+        items += more
+    return step, [i for i in items if i is not None]

@@ -1,0 +1,184 @@
+"""Push a run directory to a destination; pull runs back into a work root.
+
+push: the files of `select.collect` are compared with the destination's newest snapshot
+and only the changed ones are sent; nothing changed means nothing is written. pull: every
+file of the newest snapshot is fetched into a staging directory beside `runs/` (not under
+it, so nothing lists or resumes a half-pulled run), its sha256 and size checked against the
+index, and the run directory appears only once all are verified, by one rename. A pull
+never replaces a run directory that exists.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from aleph._io import fsync_dir, sha256_file
+from aleph.sync import index as ix
+from aleph.sync.dest import Destination, pause_hook
+from aleph.sync.index import Snapshot, SyncError, run_path
+from aleph.sync.select import HashCache, collect
+
+STAGING_PREFIX = ".aleph-pull-"
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    destination: str
+    run: str
+    revision: str
+    step: int | None
+    files: int
+    sent: int
+    bytes_sent: int
+    seconds: float
+    time: str
+
+    def line(self) -> str:
+        what = (f"{self.sent} of {self.files} files sent ({_mb(self.bytes_sent)})" if self.sent
+                else f"up to date, nothing sent ({self.files} files)")
+        return (f"synced {self.run} step {self.step} -> {self.destination} revision "
+                f"{self.revision}: {what} in {self.seconds:.1f} s")
+
+    def record(self) -> dict:
+        """What the manifest records of the last successful sync."""
+        return {"destination": self.destination, "time": self.time, "step": self.step,
+                "revision": self.revision}
+
+
+@dataclass(frozen=True)
+class PullResult:
+    destination: str
+    run: str
+    revision: str
+    step: int | None
+    files: int
+    bytes: int
+    path: Path
+
+    def line(self) -> str:
+        return (f"pulled {self.run} from {self.destination} revision {self.revision} (step "
+                f"{self.step}): {self.files} files, {_mb(self.bytes)}, every sha256 verified "
+                f"-> {self.path}")
+
+
+def push(run_dir: Path, dest: Destination) -> PushResult:
+    """Push `run_dir` (under <work>/runs) to `dest`; only files changed since its newest
+    snapshot are sent. The caller holds the run lock or is the run's own trainer."""
+    t0, run_dir = time.monotonic(), Path(run_dir)
+    run = run_path(run_dir)
+    if not run_dir.is_dir():
+        raise SyncError(f"{run_dir}: no such run directory")
+    cache = HashCache(run_dir)
+    step, items = collect(run_dir, cache)
+    files = {i.rel: {"sha256": i.sha256, "size": i.size} for i in items}
+    previous = dest.latest(run)
+    old = previous.files if previous else {}
+    sends = [i for i in items if old.get(i.rel) != files[i.rel]]
+    drops = sorted(set(old) - set(files))
+    now = utc_now()
+    if previous is not None and not sends and not drops:
+        revision = previous.revision
+    else:
+        revision = dest.publish(run, ix.make_index(run, step, files, now), sends, drops,
+                                previous, lambda: None)
+    result = PushResult(dest.spec, run, revision, step, len(files), len(sends),
+                        sum(i.size for i in sends), time.monotonic() - t0, now)
+    cache.pushed[dest.spec] = result.record()
+    cache.save(keep=set(files))
+    return result
+
+
+def pull(dest: Destination, into: Path, run: str | None = None) -> list[PullResult]:
+    """Restore the newest snapshot of `run` (default: every run at `dest`) under `into`."""
+    into = Path(into).absolute()
+    runs = [ix.check_rel(run, "--run")] if run else dest.runs()
+    if not runs:
+        raise SyncError(f"sync destination {dest.spec}: no run has been pushed there")
+    targets = []
+    for r in runs:
+        snap = dest.latest(r)
+        if snap is None:
+            raise SyncError(f"sync destination {dest.spec}: no complete snapshot of {r}")
+        final = into / r
+        if final.exists():
+            raise SyncError(f"{final}: already exists; a pull never replaces a run directory: "
+                            "pull --into another work root, or move it aside")
+        targets.append((r, snap, final))
+    into.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(into)
+    return [_pull_one(dest, r, snap, final, into) for r, snap, final in targets]
+
+
+def _pull_one(dest: Destination, run: str, snap: Snapshot, final: Path, into: Path) -> PullResult:
+    staging = into / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tree, scratch = staging / "run", staging / "scratch"
+    try:
+        scratch.mkdir(parents=True)
+        for n, (rel, rec) in enumerate(sorted(snap.files.items()), start=1):
+            out = tree / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            dest.fetch(run, snap, rel, out, scratch)
+            _verify(dest, run, snap, rel, rec, out)
+            pause_hook(n)
+        _seed_cache(tree, snap, dest)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(tree, final)  # the run appears whole, or not at all
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return PullResult(dest.spec, run, snap.revision, snap.step, len(snap.files),
+                      sum(r["size"] for r in snap.files.values()), final)
+
+
+def _verify(dest: Destination, run: str, snap: Snapshot, rel: str, rec: dict, out: Path) -> None:
+    with open(out, "rb") as f:
+        os.fsync(f.fileno())
+    size, sha = out.stat().st_size, sha256_file(out)
+    if (sha, size) != (rec["sha256"], rec["size"]):
+        raise SyncError(f"sync destination {dest.spec}: {run}/{rel}: sha256 {sha[:16]}... "
+                        f"({size:,} B), its index (revision {snap.revision}) records "
+                        f"{rec['sha256'][:16]}... ({rec['size']:,} B): the copy at the "
+                        "destination is damaged; nothing was restored")
+
+
+def _seed_cache(tree: Path, snap: Snapshot, dest: Destination) -> None:
+    """The pulled files' hashes (just verified) as the run's local record, so the first
+    push from the new machine neither re-hashes nor re-sends them."""
+    cache = HashCache(tree)
+    for rel, rec in snap.files.items():
+        cache.store(rel, (tree / rel).stat(), rec["sha256"])
+    cache.pushed[dest.spec] = {"destination": dest.spec, "time": snap.index.get("time"),
+                               "step": snap.step, "revision": snap.revision}
+    cache.save(keep=set(snap.files))
+
+
+def _remove_stale_staging(into: Path) -> None:
+    """Staging directories of pulls that were killed (their process is gone)."""
+    for p in into.glob(f"{STAGING_PREFIX}*"):
+        pid = p.name[len(STAGING_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

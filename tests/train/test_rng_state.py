@@ -1,0 +1,86 @@
+"""Per-rank RNG state in resume states: this rank's own CUDA device only, and a derived
+per-rank stream when a state saved without CUDA is resumed on CUDA."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from aleph.train import checkpoint as ckpt
+
+
+def test_cpu_state_holds_no_cuda_generator_and_restores_every_stream():
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    state = ckpt.rng_state(torch.device("cpu"))
+    assert set(state) == {"python", "numpy", "torch"}
+    drawn = (random.random(), np.random.rand(), torch.rand(3))
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
+    assert ckpt.set_rng_state(state, torch.device("cpu"), 123) == ""
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
+
+
+def test_saved_cuda_state_reads_both_formats_and_finds_none_in_a_cpu_state():
+    own, other = torch.arange(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)
+    assert ckpt.saved_cuda_state({"cuda": own, "cuda_device": 1}, 1) is own
+    # earlier trainers saved every visible GPU; rank r's own device was entry r
+    assert ckpt.saved_cuda_state({"cuda": [other, own]}, 1) is own
+    # fewer GPUs were visible when it was saved: nothing for this device, re-derive
+    assert ckpt.saved_cuda_state({"cuda": [own]}, 3) is None
+    assert ckpt.saved_cuda_state({"python": None}, 0) is None  # saved on CPU
+
+
+def test_derived_streams_differ_per_rank_and_step():
+    seeds = {ckpt.stream_seed(7, r, 40) for r in range(8)}
+    assert len(seeds) == 8  # eight ranks, eight dropout streams
+    assert ckpt.stream_seed(7, 0, 40) != ckpt.stream_seed(7, 0, 41)
+    assert all(0 <= s < 2**32 for s in seeds)
+
+
+def test_a_state_saved_by_an_older_trainer_still_loads(tmp_path):
+    """trainer.pt written with get_rng_state_all's list format stays readable."""
+    from aleph.model import ModelConfig, build_model
+    from aleph.train.config import resolve
+    from aleph.train.loop import make_optimizer, make_scheduler
+
+    cfg = resolve("smoke", arm="a2_dense")
+    model = build_model(ModelConfig(arm="a2_dense", vocab_size=50, max_len=8, d_model=16,
+                                    n_layers=1, n_heads=2, ffn_dense=32))
+    opt = make_optimizer(model, cfg)
+    sched = make_scheduler(opt, cfg, 10)
+    legacy = dict(ckpt.rng_state(), cuda=[torch.zeros(16, dtype=torch.uint8)])
+    ckpt.save(tmp_path, model, opt, sched, ckpt.Position(2, 0, 2, 8), [legacy], "h", keep=2)
+    _, rngs, _ = ckpt.load(ckpt.step_dir(tmp_path, 2), model, opt, sched)
+    assert ckpt.set_rng_state(rngs[0], torch.device("cpu")) == ""
+    assert ckpt.saved_cuda_state(rngs[0], 0) is not None and ckpt.saved_cuda_state(rngs[0], 1) is None
+
+
+@pytest.mark.gpu
+def test_cuda_state_is_this_device_only_and_round_trips():
+    dev = torch.device("cuda", torch.cuda.device_count() - 1)
+    torch.cuda.manual_seed_all(3)
+    state = ckpt.rng_state(dev)
+    assert isinstance(state["cuda"], torch.Tensor) and state["cuda_device"] == dev.index
+    drawn = torch.rand(4, device=dev)
+    torch.cuda.manual_seed_all(4)
+    assert ckpt.set_rng_state(state, dev) == "restored"
+    assert torch.equal(torch.rand(4, device=dev), drawn)
+
+
+@pytest.mark.gpu
+def test_cpu_saved_state_resumed_on_cuda_gives_each_rank_its_own_stream():
+    dev = torch.device("cuda", 0)
+    state = ckpt.rng_state(torch.device("cpu"))
+    draws = []
+    for rank in (0, 1):
+        torch.cuda.manual_seed_all(0)  # as a fresh process seeded with the config seed
+        assert ckpt.set_rng_state(state, dev, ckpt.stream_seed(0, rank, 10)) == "derived"
+        draws.append(torch.rand(8, device=dev))
+    assert not torch.equal(draws[0], draws[1])
