@@ -77,8 +77,11 @@ def disk_full_message(path: str | os.PathLike, e: OSError, needed: int | None = 
     return f"{path}: disk full while writing ({e.strerror or e}): {need}{room}"
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = True) -> None:
     """Write `data` to `path` atomically (temp file, fsync, rename, fsync dir).
+
+    replace=False publishes with a hard link instead of the rename: FileExistsError when
+    `path` is already there (another writer took that name), which is never overwritten.
 
     The file gets the mode an ordinary `open(path, "w")` would give it (0o666 less the
     umask), not mkstemp's 0o600: run records on a shared work volume must stay readable
@@ -94,7 +97,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.unlink(tmp)
     except BaseException as e:
         try:
             os.unlink(tmp)

@@ -18,11 +18,14 @@ the prefetch worker needs a core of its own to overlap (on 2 cores: --threads 1)
 
     .venv/bin/python bench/bench_prefetch.py                     # warm page cache
     .venv/bin/python bench/bench_prefetch.py --cold --steps 30
+    .venv/bin/python bench/bench_prefetch.py --cold --iops 2000 --rows 300000   # as root
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import mmap
 import os
 import statistics
 import sys
@@ -103,7 +106,31 @@ def reopen_cold(targets):
     store_dir, path = targets.store_dir, targets.path
     targets.close()
     drop_pages(path)
-    return open_store(store_dir)
+    store = open_store(store_dir)
+    # No read-around: each row costs its own disk read, as on a store larger than RAM or
+    # a disk with a small read_ahead_kb. Without this, a VM disk with a large read-ahead
+    # (8 MiB here) pulls the whole file in during the first batch and "cold" lasts one step.
+    store._mm._mmap.madvise(mmap.MADV_RANDOM)
+    return store
+
+
+def throttle_reads(path: Path, iops: int) -> str:
+    """Cap this process's reads from the disk holding `path` at `iops` (cgroup v1 blkio,
+    root only), as a cloud VM's network disk caps them; returns the line to print."""
+    cg = Path("/sys/fs/cgroup/blkio") / f"aleph-bench-prefetch-{os.getpid()}"
+    dev = os.stat(path).st_dev
+    cg.mkdir(exist_ok=True)
+    (cg / "blkio.throttle.read_iops_device").write_text(
+        f"{os.major(dev)}:{os.minor(dev)} {iops}\n")
+    (cg / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    atexit.register(_leave, cg)
+    return f"reads capped at {iops} IOPS on device {os.major(dev)}:{os.minor(dev)} ({cg})"
+
+
+def _leave(cg: Path) -> None:
+    """Back to the parent group, then remove the one made here."""
+    (cg.parent / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    cg.rmdir()
 
 
 def timed(name: str, source: BatchSource, step, n: int) -> list[float]:
@@ -140,6 +167,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2, help="model depth (smoke: 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch compute threads")
     ap.add_argument("--cold", action="store_true", help="drop the target pages before each phase")
+    ap.add_argument("--iops", type=int, default=0,
+                    help="with --cold: cap reads at this many IOPS (cgroup v1 blkio, root)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = resolve("smoke", arm="a2_dense")
@@ -152,6 +181,8 @@ def main() -> int:
               f"{time.perf_counter() - t0:.1f} s; torch {torch.__version__}, "
               f"{args.threads} compute thread(s), batch {args.batch}, "
               f"d_model {args.d_model} x {args.layers} layers")
+        if args.cold and args.iops:
+            print(throttle_reads(targets.path, args.iops))
         order = DataOrder(1, args.rows, args.batch)
         n = min(args.steps, order.steps_per_epoch)
         source = BatchSource(tokens, targets, order, world, cpu, False)

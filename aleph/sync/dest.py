@@ -75,6 +75,12 @@ def parse_destination(spec: str) -> Destination:
     return DirDestination(Path(spec))
 
 
+def scrub(text: str) -> str:
+    """`text` with the hub token (HF_TOKEN) masked: errors are logged, the token never is."""
+    token = os.environ.get("HF_TOKEN")
+    return text.replace(token, "<redacted>") if token and len(token) >= 4 else text
+
+
 def pause_hook(done: int) -> None:
     """The test hook of PAUSE_ENV: after `done` files, say so on stderr and wait."""
     want = os.environ.get(PAUSE_ENV)

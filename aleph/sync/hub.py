@@ -11,13 +11,14 @@ is HF_ENDPOINT's (default the public hub).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from aleph.sync import index as ix
-from aleph.sync.dest import Destination, pause_hook
+from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
 from aleph.sync.select import Item
 
@@ -35,14 +36,31 @@ class HubDestination(Destination):
         self.api = HfApi(endpoint=endpoint)
         self._created = False
 
+    @contextlib.contextmanager
+    def _calling(self, what: str) -> Iterator[None]:
+        """A hub that cannot be reached, refuses the token or answers an error, as one
+        SyncError naming the destination (token masked): not a traceback from httpx."""
+        import httpx
+
+        try:
+            yield
+        except (OSError, httpx.HTTPError) as e:
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            hint = (" (no access: is HF_TOKEN set, to a token with access to this repo?)"
+                    if status in (401, 403) else "")
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise SyncError(scrub(f"sync destination {self.spec}: {what} failed: "
+                                  f"{type(e).__name__}: {first}{hint}")) from None
+
     def _head(self):
         """(commit sha, file names) of the branch head; None when the repo does not exist."""
         from huggingface_hub.errors import RepositoryNotFoundError
 
-        try:
-            info = self.api.repo_info(self.repo_id, revision=BRANCH, files_metadata=False)
-        except RepositoryNotFoundError:
-            return None
+        with self._calling("reading the repo"):
+            try:
+                info = self.api.repo_info(self.repo_id, revision=BRANCH, files_metadata=False)
+            except RepositoryNotFoundError:
+                return None
         return info.sha, [s.rfilename for s in info.siblings or []]
 
     def runs(self) -> list[str]:
@@ -65,15 +83,17 @@ class HubDestination(Destination):
     def _download(self, name: str, revision: str, local_dir: Path) -> Path:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(self.repo_id, name, revision=revision, local_dir=local_dir,
-                                    endpoint=self.endpoint))
+        with self._calling(f"downloading {name} at {revision[:12]}"):
+            return Path(hf_hub_download(self.repo_id, name, revision=revision,
+                                        local_dir=local_dir, endpoint=self.endpoint))
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
                 previous: Snapshot | None, sent: Callable[[], None]) -> str:
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
         if not self._created:
-            self.api.create_repo(self.repo_id, private=True, exist_ok=True)
+            with self._calling("creating the repo"):
+                self.api.create_repo(self.repo_id, private=True, exist_ok=True)
             self._created = True
         ops = []
         for n, item in enumerate(sends, start=1):
@@ -83,9 +103,10 @@ class HubDestination(Destination):
         ops += [CommitOperationDelete(path_in_repo=f"{run}/{rel}") for rel in drops]
         ops.append(CommitOperationAdd(path_in_repo=f"{run}/{INDEX_NAME}",
                                       path_or_fileobj=ix.encode(index)))
-        info = self.api.create_commit(
-            self.repo_id, ops, commit_message=f"aleph sync {run} step {index.get('step')}",
-            parent_commit=previous.revision if previous else None)
+        with self._calling(f"the commit of {len(sends)} file(s) of {run}"):
+            info = self.api.create_commit(
+                self.repo_id, ops, commit_message=f"aleph sync {run} step {index.get('step')}",
+                parent_commit=previous.revision if previous else None)
         for _ in sends:
             sent()
         return info.oid

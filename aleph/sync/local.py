@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from aleph._io import file_mode, fsync_dir
+from aleph._io import atomic_write_bytes, file_mode, fsync_dir
 from aleph.sync import index as ix
 from aleph.sync.dest import Destination, pause_hook
 from aleph.sync.index import Snapshot, SyncError
@@ -68,14 +68,28 @@ class DirDestination(Destination):
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
                 previous: Snapshot | None, sent: Callable[[], None]) -> str:
         base = self._base(run)
-        for n, item in enumerate(sends, start=1):
-            self._put(base, item)
-            sent()
-            pause_hook(n)
         number = (int(previous.revision[1:]) if previous else 0) + 1
-        self._write_index(base, number, ix.encode(index))
-        self._collect_garbage(base)
+        try:
+            for n, item in enumerate(sends, start=1):
+                self._put(base, item)
+                sent()
+                pause_hook(n)
+            self._write_index(base, number, ix.encode(index))
+        except OSError as e:
+            kept = f"snapshot {number - 1} is unchanged" if previous else "nothing of it was there"
+            raise self._failed(e, f"snapshot {number} of {run} not written; {kept}") from None
+        try:
+            self._collect_garbage(base)
+        except OSError as e:  # the snapshot is in place; the next push prunes again
+            raise self._failed(e, f"snapshot {number} of {run} written, pruning older ones "
+                               "failed") from None
         return f"r{number}"
+
+    def _failed(self, e: OSError, what: str) -> SyncError:
+        """A disk-full, read-only or vanished destination as one line naming it: the bare
+        OSError of a write names no file (`No space left on device`)."""
+        where = f" ({e.filename})" if e.filename else ""
+        return SyncError(f"sync destination {self.root}: {e.strerror or e}{where}; {what}")
 
     def _object(self, base: Path, sha: str) -> Path:
         return base / OBJECTS / sha[:2] / sha
@@ -115,22 +129,11 @@ class DirDestination(Destination):
         return h.hexdigest()
 
     def _write_index(self, base: Path, number: int, data: bytes) -> None:
-        folder = base / INDEXES
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-        try:
-            os.fchmod(fd, file_mode())
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.link(tmp, folder / f"{number:08d}.json")  # fails if another push took N
+        try:  # linked, not renamed, into place: fails if another push took number N
+            atomic_write_bytes(base / INDEXES / f"{number:08d}.json", data, replace=False)
         except FileExistsError:
             raise SyncError(f"sync destination {base}: snapshot {number} was written by another "
                             "push meanwhile (one pusher per run at a time)") from None
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-        fsync_dir(folder)
 
     def _collect_garbage(self, base: Path) -> None:
         numbers = self._numbers(base)
@@ -146,7 +149,7 @@ class DirDestination(Destination):
                     obj.unlink(missing_ok=True)
             if not any(sub.iterdir()):
                 sub.rmdir()
-        for tmp in (base / INDEXES).glob(".tmp-*"):
+        for tmp in (base / INDEXES).glob(".*.tmp"):  # left by a write killed mid-way
             tmp.unlink(missing_ok=True)
 
     def fetch(self, run: str, snap: Snapshot, rel: str, out: Path, scratch: Path) -> None:

@@ -8,12 +8,14 @@ without a marker is being written; one whose files differ from it is corrupt or 
 pruned). Not synced: run.lock, leftovers of killed saves, states set aside as corrupt,
 temporary files (dot files), and the local record itself.
 
-Every file is read once through one file descriptor: `size` is taken from that descriptor,
+Every file that is read is read once, through one file descriptor: `size` is taken from that descriptor,
 so a file replaced by an atomic rename meanwhile is read whole as it was, and a file
 appended to (logs, TensorBoard events) is read up to that size, a prefix that appends do
 not change. Mutable files (top-level JSON, launches/, tb/) are always read into memory;
-the others never change once written (resume states, weights, tokenizer) and are sent
-from their path when large.
+the others never change once written (resume states, weights, tokenizer): one whose
+(size, mtime, inode) the local record knows is not read at all, and is sent from its path
+(like one too large to hold) should the destination lack it, so a push of an unchanged
+run reads only the mutable files, however many weights and states it holds.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def read_item(run_dir: Path, rel: str, cache: HashCache, mutable: bool) -> Item 
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         known = cache.lookup(rel, st)
-        if not mutable and st.st_size > IN_MEMORY_MAX:
+        if not mutable and (known or st.st_size > IN_MEMORY_MAX):  # known: not read at all
             sha = known or _hash_stream(f, st.st_size)
             cache.store(rel, st, sha)
             return Item(rel, path, sha, st.st_size, None)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aleph.sync.dest import Destination
+from aleph.sync.dest import Destination, scrub
 from aleph.sync.transfer import PushResult, push
 
 RETRY_FIRST_S = 10.0
@@ -30,12 +30,6 @@ WORKER_NICE = 10
 FINAL_WAIT_S = 900.0
 """finish() waits at most this long; a push still running then is abandoned (the
 destination keeps its previous snapshot) and logs nothing more."""
-
-
-def scrub(text: str) -> str:
-    """`text` with the hub token (HF_TOKEN) masked: errors are logged, the token never is."""
-    token = os.environ.get("HF_TOKEN")
-    return text.replace(token, "<redacted>") if token and len(token) >= 4 else text
 
 
 class Syncer:

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from aleph.errors import AlephError
 from aleph.model.io import save_weights
 from aleph.train import checkpoint as ckpt
 from aleph.train import loop, outputs, prefetch
@@ -142,8 +143,9 @@ def fit(s) -> tuple[str, str]:
     pause = loop.pause_step()
     traced_until = s.pos.step + TRACED_STEPS
     s.net.train()
-    batches = start_prefetch(s)
+    batches = None
     try:
+        batches = start_prefetch(s)
         while s.pos.step < s.total_steps:
             res = one_step(s, batches)
             s.pos = advance(s.pos, s.order.steps_per_epoch, s.cfg.batch_size, clock.train_seconds())
@@ -170,7 +172,8 @@ def fit(s) -> tuple[str, str]:
             finish(s, rep)
         return "complete", f"{s.pos.step} steps"
     finally:
-        batches.close()
+        if batches is not None:
+            batches.close()
         rep.close()  # the stop handlers are restored by run.train(), which installed them
 
 
@@ -236,7 +239,10 @@ def start_prefetch(s) -> prefetch.Prefetcher:
     """The batch prefetcher of this launch; the local rank 0 also warms the target store."""
     if s.world.local_rank == 0:
         headroom = int(s.cfg.store_headroom_gib * (1 << 30))
-        s.log(prefetch.warm_target_store(s.targets, s.sources.targets, headroom))
+        try:
+            s.log(prefetch.warm_target_store(s.targets, s.sources.targets, headroom))
+        except (AlephError, OSError) as e:  # a hint: the gathers read the store anyway
+            s.log(f"target store prefault: skipped ({e})")
     source = prefetch.BatchSource(s.tokens, s.targets, s.order, s.world, s.device, s.cfg.compile)
     return prefetch.Prefetcher(source, s.total_steps)
 

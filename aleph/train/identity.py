@@ -33,6 +33,7 @@ RUNS_DIR = "runs"
 # The preset whose runs keep the seed's names (runs/<arm>-s<seed>); any other preset's runs
 # go one level down (runs/<preset>/<arm>-s<seed>), so a smoke run never meets a real one.
 TOP_LEVEL_PRESET = "e1"
+CONFIG_FILE = "config.json"  # every run directory has one (written by aleph.train.outputs)
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -70,7 +71,24 @@ def run_ref(run_dir: Path) -> str:
 def run_dir_for(cfg, name: str | None = None) -> Path:
     """<work>/runs/<name>: `name` (checked) when given, else the config's default run name."""
     chosen = check_run_name(name) if name else run_name(cfg.preset, cfg.arm, cfg.seed)
-    return work_root() / RUNS_DIR / chosen
+    return _check_place(work_root() / RUNS_DIR, chosen)
+
+
+def _check_place(runs: Path, name: str) -> Path:
+    """runs/<name>, unless it would nest one run inside another: a name whose first part
+    is a run (`a2_dense-s0/x`), or a folder of runs itself (`--name smoke` where
+    runs/smoke/ holds the smoke preset's runs). ConfigError naming both otherwise."""
+    run_dir, parent = runs / name, (runs / name).parent
+    if parent != runs and (parent / CONFIG_FILE).is_file():
+        raise ConfigError(f"run name {name!r}: {parent} is a run, and a run cannot live inside "
+                          "another; pick a name whose first part is not a run")
+    if run_dir.is_dir() and not (run_dir / CONFIG_FILE).is_file():
+        nested = sorted(c.name for c in run_dir.iterdir() if (c / CONFIG_FILE).is_file())
+        if nested:
+            raise ConfigError(f"run name {name!r}: {run_dir} is a folder of runs "
+                              f"({', '.join(nested[:3])}{', ...' if len(nested) > 3 else ''}), "
+                              f"not a run; pick another name, e.g. {name}/my-run")
+    return run_dir
 
 
 def utc_now() -> str:

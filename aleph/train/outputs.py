@@ -27,11 +27,11 @@ from aleph.record.launch import (  # noqa: F401  (re-exported: the trainer's sta
     STOPPED,
     TRAINED,
 )
-from aleph.train.identity import LAUNCH_DIR, hostname, utc_now
+from aleph.train.identity import CONFIG_FILE, LAUNCH_DIR, hostname, utc_now
 
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"
-CONFIG = "config.json"
+CONFIG = CONFIG_FILE
 TB_DIR = "tb"
 
 

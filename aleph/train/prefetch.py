@@ -17,9 +17,11 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 
+from aleph.errors import StoreError
 from aleph.train.distributed import World
 from aleph.train.loop import DataOrder, bucket_width, fixed_length
 
@@ -36,10 +38,12 @@ class BatchSource:
         self.world, self.device = world, device
         self.fixed_len = fixed_len  # compiled model: bucketed lengths (loop.bucket_width)
         self.pin = device.type == "cuda"
+        self.mapped = MappedFiles(tokens, targets)
 
     def host(self, epoch: int, batch: int) -> Batch:
         """Rows of global batch `batch` of `epoch` for this rank; L is the batch's longest
         row, rounded up to a multiple of 16 (at most max_len) when fixed_len."""
+        self.mapped.check(epoch, batch)
         idx = self.order.indices(epoch, batch, self.world)  # (B / W,)
         ids, mask = self.tokens.gather(idx)  # (b, L') each
         if self.fixed_len:
@@ -52,6 +56,43 @@ class BatchSource:
 
     def to_device(self, batch: Batch) -> Batch:
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
+
+
+class MappedFiles:
+    """The store files the gathers read through a memory mapping, and the sizes they must keep.
+
+    Reading a mapped page that a truncation removed is a SIGBUS: the process dies with no
+    message (the launch is later marked 'lost', its log ends mid-run). So before each
+    gather, one stat per file (microseconds, in the worker) compares the size with the one
+    the store was verified at (the target store's manifest byte_length; the token store's
+    arrays as opened) and turns a change into a StoreError naming the store. A file
+    unlinked or replaced by a rename is not an error: the mapping keeps the old inode
+    whole. A truncation during the gather itself cannot be caught this way.
+    """
+
+    def __init__(self, tokens, targets) -> None:
+        what = f"token store {tokens.path}"
+        files = [(tokens.path / name, what, None) for name in sorted(tokens.manifest["files"])]
+        if targets.implementation == "streaming":  # in_ram gathers from a private copy
+            files.append((Path(targets.path), f"target store {targets.store_dir}",
+                          targets.byte_length))
+        self.files = []  # (path, what, inode, size)
+        for path, what, size in files:
+            st = path.stat()
+            self.files.append((path, what, st.st_ino, st.st_size if size is None else size))
+
+    def check(self, epoch: int, batch: int) -> None:
+        for path, what, inode, size in self.files:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            if st.st_ino == inode and st.st_size != size:
+                raise StoreError(
+                    f"{what}: {path.name} is {st.st_size:,} B, expected {size:,} B: truncated "
+                    f"or rewritten during training (found before gathering batch {batch} of "
+                    f"epoch {epoch}); the last resume state is intact: restore the store and "
+                    "relaunch")
 
 
 def _worker_device(device: torch.device) -> None:

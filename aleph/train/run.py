@@ -31,6 +31,7 @@ from aleph.train.distributed import World, check_divisible, init_world
 from aleph.train.identity import (  # noqa: F401  (run_dir_for: the trainer's run paths)
     LAUNCH_DIR,
     RUNS_DIR,
+    TOP_LEVEL_PRESET,
     LaunchLog,
     RunLock,
     make_launch_id,
@@ -66,6 +67,13 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
             print(f"aleph train: run {run_ref(run_dir)} in {run_dir}; checking the inputs first "
                   "(nothing is written until they pass)", flush=True)
         inputs = _checked_inputs(cfg, world)  # before the run directory exists
+        older = _older_layout(cfg, run_dir) if world.is_main and name is None else None
+        if older is not None and not run_dir.exists():
+            print(f"aleph train: note: {older} is a {cfg.preset}-preset run of an older aleph-e1 "
+                  f"(its runs were runs/<arm>-s<seed>); this launch starts {run_dir}. To "
+                  f"continue that run instead: stop this launch, remove {run_dir}, then "
+                  f"`mv {older} {run_dir}` and relaunch",
+                  flush=True)
         lock = RunLock(run_dir)
         launch_id = _lock_and_name(lock, world)
         # Stop handlers from the moment the lock is held: a SIGTERM/SIGINT during store
@@ -229,6 +237,30 @@ def _end(manifest: outputs.Manifest | None, monitor: heartbeat.LaunchMonitor, tr
     outputs.write_executed(manifest, tracer, launch_id)
 
 
+def _older_layout(cfg: TrainConfig, run_dir: Path) -> Path | None:
+    """The directory an older aleph-e1 gave this run, when it differs from `run_dir`:
+    before runs/<preset>/, every preset's runs were runs/<arm>-s<seed>."""
+    old = run_dir.parents[1] / f"{cfg.arm}-s{cfg.seed}" if cfg.preset != TOP_LEVEL_PRESET else None
+    if old is None or run_dir.parent.name != cfg.preset or not (old / outputs.CONFIG).is_file():
+        return None
+    try:
+        return old if read_json(old / outputs.CONFIG).get("preset") == cfg.preset else None
+    except ValueError:
+        return None
+
+
+def _check_not_moved(run_dir: Path, saved: dict, cfg: TrainConfig) -> None:
+    """An e1 launch finding another preset's run in its directory (the older layout put
+    every preset there) says so and how to move it, instead of listing field mismatches."""
+    was = saved.get("preset")
+    if was and was != cfg.preset and run_dir.name == f"{cfg.arm}-s{cfg.seed}":
+        raise ConfigError(
+            f"{run_dir} holds a {was}-preset run, not an {cfg.preset} one (an older aleph-e1 "
+            f"put every preset's runs there; they now live under runs/{was}/): move it with "
+            f"`mv {run_dir} {run_dir.parent / was / run_dir.name}` and relaunch, or give this "
+            "run another name with --name")
+
+
 def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:
     """Refuse a config that computes something else than the run's trained state.
 
@@ -242,6 +274,7 @@ def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:
         except ValueError as e:
             raise ConfigError(f"{path}: unreadable ({e}); it was written atomically, so it was "
                               "edited by hand: restore it or remove the run directory") from e
+        _check_not_moved(run_dir, saved, cfg)
         try:
             check_same_run(saved, cfg)
             return

@@ -150,7 +150,7 @@ def test_push_killed_mid_upload_leaves_the_previous_snapshot_pullable(run_copy, 
     assert again.returncode == 0, again.stderr
     # 5 files differ from the snapshot; the two the killed push stored are found in place
     assert "revision r2: 5 of" in again.stdout
-    leftovers = [p for p in dest.rglob(".tmp-*")]
+    leftovers = [p for p in dest.rglob(".*") if p.name.startswith(".tmp-") or p.suffix == ".tmp"]
     assert leftovers == []
 
 
@@ -171,3 +171,26 @@ def test_pull_killed_midway_leaves_no_run_directory(run_copy, tmp_path):
     assert (into / run_path(run_copy) / "weights" / "final" / "model.safetensors").is_file()
     assert not list(into.glob(".aleph-pull-*"))  # the killed pull's staging is cleared
     assert os.listdir(into) == ["runs"]
+
+
+def test_an_unchanged_push_does_not_read_weights_or_states_again(run_copy, tmp_path):
+    """The local record spares reading files that never change once written: a push of an
+    unchanged run costs the mutable files only, however many weights and states it holds.
+    Shown by changing final weights in place behind the record's back (same size, mtime and
+    inode): a push that re-read them would send them."""
+    dest = DirDestination(tmp_path / "bucket")
+    dest.root.mkdir()
+    push(run_copy, dest)
+    weights = run_copy / "weights" / "final" / "model.safetensors"
+    st = weights.stat()
+    with open(weights, "r+b") as f:
+        f.seek(st.st_size - 1)
+        last = f.read(1)
+        f.seek(st.st_size - 1)
+        f.write(bytes([last[0] ^ 1]))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert push(run_copy, dest).sent == 0
+
+    (run_copy / STATE_FILE).unlink()  # the record lost: everything is read, the change seen
+    res = push(run_copy, dest)
+    assert (res.sent, res.revision) == (1, "r2")

@@ -268,6 +268,24 @@ def test_run_names_by_preset_and_name():
             check_run_name(bad)
 
 
+def test_a_run_name_never_nests_one_run_inside_another(tmp_path, monkeypatch):
+    from aleph.train.identity import run_dir_for
+
+    monkeypatch.setenv("ALEPH_WORK", str(tmp_path))
+    smoke = resolve("smoke", arm="a2_dense")
+    e1 = resolve("e1", arm="a2_dense", overrides=["captions=c.txt", "targets=t/"])
+    for cfg in (smoke, e1):  # stand-ins for trained runs: each run directory has config.json
+        run = run_dir_for(cfg)
+        run.mkdir(parents=True)
+        (run / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"runs/smoke is a folder of runs \(a2_dense-s0\)"):
+        run_dir_for(e1, "smoke")
+    with pytest.raises(ConfigError, match="runs/a2_dense-s0 is a run, and a run cannot live"):
+        run_dir_for(e1, "a2_dense-s0/x")
+    assert run_dir_for(e1, "smoke/x") == tmp_path / "runs" / "smoke" / "x"  # a new run beside
+    assert run_dir_for(smoke) == tmp_path / "runs" / "smoke" / "a2_dense-s0"  # resumes as before
+
+
 def test_a_run_recorded_before_target_dim_resumes():
     saved = to_dict(resolve("smoke", arm="a2_dense"))
     del saved["target_dim"]  # a config.json written before the field existed: any width

@@ -143,7 +143,8 @@ def test_compiled_batches_are_bucketed_to_16_and_trimmed_otherwise(tmp_path):
 
     assert [bucket_width(w, 40) for w in (1, 16, 17, 33, 40)] == [16, 16, 32, 40, 40]
     tokens = _token_store(tmp_path, max_len=40)
-    targets = SimpleNamespace(gather=lambda idx, pin: torch.zeros(len(idx), 768))
+    targets = SimpleNamespace(gather=lambda idx, pin: torch.zeros(len(idx), 768),
+                              implementation="in_ram")  # nothing mapped (prefetch.MappedFiles)
     order = DataOrder(0, tokens.rows, 4)
     widths = {}
     for compiled in (False, True):

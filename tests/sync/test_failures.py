@@ -1,0 +1,77 @@
+"""A destination that fails at push or pull time (disk full, a broken mount, a hub that
+cannot be reached or refuses the token) is one error naming the destination and what was
+not written, with the token masked: never a traceback, and never a damaged snapshot."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+
+import pytest
+
+from aleph.cli import main
+from aleph.sync import SyncError, pull, push
+from aleph.sync.hub import HubDestination
+from aleph.sync.index import run_path
+from aleph.sync.local import DirDestination
+from tests.sync.fake_hub import FakeHub
+
+TOKEN = "hf_aleph_failures_test_token_24680"
+
+
+def _blocked_eval(run_dir, objects) -> str:
+    """Write an eval.json whose object folder at the destination is taken by a file, so the
+    push fails writing it with an OSError, as on a full or broken mount (root-proof)."""
+    for n in range(1000):
+        data = json.dumps({"mean": n}).encode()
+        prefix = hashlib.sha256(data).hexdigest()[:2]
+        if not (objects / prefix).exists():
+            (run_dir / "eval.json").write_bytes(data)
+            (objects / prefix).write_text("not a folder")
+            return prefix
+    raise AssertionError("no free object prefix")
+
+
+def test_an_unwritable_directory_destination_is_one_error_naming_it(run_copy, tmp_path, capsys):
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    dest = DirDestination(bucket)
+    run = run_path(run_copy)
+    assert push(run_copy, dest).revision == "r1"
+    _blocked_eval(run_copy, bucket / run / "objects")
+
+    assert main(["runs", "push", str(run_copy), "--to", str(bucket)]) == SyncError.exit_code
+    err = capsys.readouterr().err
+    assert err.startswith(f"aleph runs: error: sync destination {bucket}: "), err
+    assert f"snapshot 2 of {run} not written; snapshot 1 is unchanged" in err
+    assert "Traceback" not in err
+    assert dest.latest(run).revision == "r1"
+    (res,) = pull(dest, tmp_path / "new-work")  # the previous snapshot is whole
+    assert (res.revision, res.step) == ("r1", 12)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_hub_that_cannot_be_reached_or_refuses_the_token_is_one_error(run_copy, tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    gone = HubDestination("me/aleph-runs", endpoint=f"http://127.0.0.1:{_closed_port()}")
+    with pytest.raises(SyncError, match=r"^sync destination hf:me/aleph-runs: reading the repo "
+                       r"failed: ConnectError"):
+        push(run_copy, gone)
+
+    with FakeHub(tmp_path / "hub", token=TOKEN + "-other") as hub:
+        refused = HubDestination("me/aleph-runs", endpoint=hub.endpoint)
+        with pytest.raises(SyncError, match=r"reading the repo failed: .*401.* \(no access: is "
+                           "HF_TOKEN set") as e:
+            push(run_copy, refused)
+        with pytest.raises(SyncError, match="no access"):
+            pull(refused, tmp_path / "new-work")
+    assert TOKEN not in str(e.value)
+    assert not (tmp_path / "new-work").exists()
