@@ -146,6 +146,9 @@ def sha256_json(obj: Any) -> str:
     return sha256_bytes(canon)
 
 
+RUNS_DIR = "runs"  # <work root>/runs/<run name>: every run directory
+
+
 def work_root() -> Path:
     """The work root: $ALEPH_WORK, default ./work (data/, cache/, runs/ live under it)."""
     return Path(os.environ.get("ALEPH_WORK", "work")).absolute()

@@ -93,8 +93,12 @@ def find_runs(runs_root: Path) -> list[Path]:
 
 
 def list_rows(runs_root: Path) -> list[list[str]]:
+    from aleph._io import work_root
     from aleph.eval.rundir import run_state
 
+    # Names resolve against $ALEPH_WORK: the hint names the run that way when it lies
+    # there, else by its directory (a WORK given on the command line).
+    by_name = runs_root.resolve() == (work_root() / "runs").resolve()
     rows = []
     for d in find_runs(runs_root):
         st = run_state(d)
@@ -106,7 +110,8 @@ def list_rows(runs_root: Path) -> list[list[str]]:
             f"{'ended ' + last['end'] if last.get('end') else 'started ' + str(last.get('start'))})")
         ev = st["evaluated"]
         if ev is None:
-            evaluated = "no" + (f": `aleph eval {d}`" if st["status"] == "complete" else "")
+            ref = d.relative_to(runs_root).as_posix() if by_name else d
+            evaluated = "no" + (f": `aleph eval {ref}`" if st["status"] == "complete" else "")
         else:
             path = str(ev.get("path") or "")
             evaluated = "yes (" + ("final weights" if "final" in path else f"step {ev.get('step')}") + ")"

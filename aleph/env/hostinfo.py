@@ -39,12 +39,17 @@ def visible_vcpus(proc: Path = Path("/proc")) -> int | None:
     return sum(1 for line in text.splitlines() if line.split(":")[0].strip() == "processor")
 
 
-def mem_total_bytes(proc: Path = Path("/proc")) -> int | None:
-    """MemTotal from meminfo, in bytes (the kernel reports kB = KiB)."""
+def meminfo_bytes(key: str, proc: Path = Path("/proc")) -> int | None:
+    """One meminfo entry (`MemTotal`, `MemAvailable`, ...) in bytes (the kernel reports
+    kB = KiB); None where meminfo or the entry is absent."""
     for line in (_read(proc / "meminfo") or "").splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) * 1024
     return None
+
+
+def mem_total_bytes(proc: Path = Path("/proc")) -> int | None:
+    return meminfo_bytes("MemTotal", proc)
 
 
 def container_id(proc: Path = Path("/proc")) -> str | None:

@@ -22,8 +22,7 @@ def resolve_run(given: str | Path) -> Path:
     """A run as a user gives it: its directory, or its name under <work root>/runs (e.g.
     `smoke/a2_dense-s0`, `a1_anchored-s1`, a `--name`). An existing directory wins; a name
     that is neither is returned as given, for require_run_dir to refuse."""
-    from aleph._io import work_root
-    from aleph.train.identity import RUNS_DIR
+    from aleph._io import RUNS_DIR, work_root
 
     path = Path(given)
     if path.is_dir() or path.is_absolute():

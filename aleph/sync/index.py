@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from aleph._io import RUNS_DIR
 from aleph.errors import AlephError
 
 SCHEMA = "aleph-sync/1"
-RUNS_DIR = "runs"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from aleph._io import work_root
+from aleph._io import RUNS_DIR, work_root
 from aleph.errors import ConfigError, RunLocked
 from aleph.record.provenance import (  # noqa: F401  (code provenance lives there; re-exported)
     code_revision,
@@ -29,7 +29,6 @@ from aleph.record.provenance import (  # noqa: F401  (code provenance lives ther
 
 LOCK_FILE = "run.lock"
 LAUNCH_DIR = "launches"
-RUNS_DIR = "runs"
 # The preset whose runs keep the seed's names (runs/<arm>-s<seed>); any other preset's runs
 # go one level down (runs/<preset>/<arm>-s<seed>), so a smoke run never meets a real one.
 TOP_LEVEL_PRESET = "e1"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from aleph.env.hostinfo import meminfo_bytes
 from aleph.errors import StoreError
 from aleph.train.distributed import World
 from aleph.train.loop import DataOrder, bucket_width, fixed_length
@@ -167,7 +168,7 @@ def warm_target_store(store, sources: list[str], headroom_bytes: int) -> str:
     if p.quota_bytes is not None:
         budget, basis = p.quota_bytes - p.headroom_bytes, "the planner's budget (quota - headroom)"
     else:
-        budget, basis = (_mem_available() or 0) // 2, "half of MemAvailable (no memory limit)"
+        budget, basis = (meminfo_bytes("MemAvailable") or 0) // 2, "half of MemAvailable (no memory limit)"
     if store.byte_length > budget:
         return (f"target store prefault: skipped, {store.byte_length:,} B exceed {basis} "
                 f"{budget:,} B")
@@ -186,14 +187,3 @@ def _willneed(path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
     finally:
         os.close(fd)
-
-
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None

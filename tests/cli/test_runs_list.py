@@ -29,7 +29,7 @@ def _table(capsys):
     return {line.split()[0]: line.split(None, 2)[1:] for line in lines[2:]}, lines
 
 
-def test_runs_list_status_steps_launch_and_evaluation(tmp_path, capsys):
+def test_runs_list_status_steps_launch_and_evaluation(tmp_path, capsys, monkeypatch):
     _run(tmp_path, "a1_anchored-s0", ["complete"], final=True, step=128, evaluated="weights/final/model.safetensors")
     _run(tmp_path, "a2_dense-s0", ["stopped"], evaluated="weights/step-00000064/model.safetensors")
     _run(tmp_path, "a3_random-s0", ["stopped", "running"])  # marked running, nobody holds the lock
@@ -52,6 +52,9 @@ def test_runs_list_status_steps_launch_and_evaluation(tmp_path, capsys):
     assert rows["a3_random-s1"][0] == "running" and rows["a3_random-s1"][1].startswith("10/128")
     assert rows["a2_dense-s1"][1].endswith(f"no: `aleph eval {tmp_path / 'runs' / 'a2_dense-s1'}`")
     assert rows["smoke/a2_dense-s0"][0] == "complete"  # found one level down, runs/<preset>/
+    monkeypatch.setenv("ALEPH_WORK", str(tmp_path))  # the same runs, now under the work root:
+    assert main(["runs", "list"]) == 0  # the hint names the run as every command takes it
+    assert _table(capsys)[0]["a2_dense-s1"][1].endswith("no: `aleph eval a2_dense-s1`")
     # the lock is released: the same run now reads as lost; nothing was written by listing
     assert main(["runs", "list", str(tmp_path)]) == 0
     assert _table(capsys)[0]["a3_random-s1"][0] == "lost"
