@@ -52,6 +52,9 @@ def _register_sync(sub) -> None:
     ps.add_argument("run", metavar="RUN", help="a run directory or a run name under <work root>/runs")
     ps.add_argument("--to", default=None, metavar="DEST",
                     help=f"{dest_help}; default: the run's config sync_to")
+    ps.add_argument("--verify", action="store_true",
+                    help="first re-hash every file stored at the destination (reads it all) "
+                    "and send again those missing or damaged (a pull refused one)")
     ps.set_defaults(func=_push)
     pl = sub.add_parser(
         "pull", help="restore runs from a hub repo or a directory into a work root",
@@ -157,7 +160,7 @@ def _push(args: argparse.Namespace) -> int:
     lock = RunLock(run_dir)
     lock.acquire()  # RunLocked (exit 75) while a launch trains it: that launch syncs itself
     try:
-        print(push(run_dir, dest).line())
+        print(push(run_dir, dest, verify=args.verify).line())
     finally:
         lock.release()
     return 0

@@ -39,14 +39,34 @@ class Destination:
         raise NotImplementedError
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
-                previous, sent: Callable[[], None]) -> str:
+                previous, sent: Callable[[], None], rewrite: frozenset[str] = frozenset()) -> str:
         """Send `sends`, make `index` the newest snapshot (files not sent are unchanged
-        since `previous`; `drops` left it); returns the new revision."""
+        since `previous`; `drops` left it); returns the new revision. `rewrite`: sha256s
+        whose stored copy is damaged, to be written again even where a copy is present."""
         raise NotImplementedError
 
     def fetch(self, run: str, snap, rel: str, out: Path, scratch: Path) -> None:
         """Write file `rel` of snapshot `snap` to `out` (not verified here)."""
         raise NotImplementedError
+
+    def damaged(self, run: str, snap, scratch: Path) -> list[str]:
+        """Files of `snap` whose stored copy is missing or does not hash to the index:
+        each is fetched into `scratch` and hashed (subclasses may hash in place)."""
+        from aleph._io import sha256_file
+
+        bad = []
+        for rel, rec in sorted(snap.files.items()):
+            out = scratch / "verify"
+            try:
+                self.fetch(run, snap, rel, out, scratch)
+                ok = out.stat().st_size == rec["size"] and sha256_file(out) == rec["sha256"]
+            except (OSError, SyncError):
+                ok = False
+            finally:
+                out.unlink(missing_ok=True)
+            if not ok:
+                bad.append(rel)
+        return bad
 
 
 def check_spec(spec: str) -> str | None:

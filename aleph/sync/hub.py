@@ -88,7 +88,9 @@ class HubDestination(Destination):
                                         local_dir=local_dir, endpoint=self.endpoint))
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
-                previous: Snapshot | None, sent: Callable[[], None]) -> str:
+                previous: Snapshot | None, sent: Callable[[], None],
+                rewrite: frozenset[str] = frozenset()) -> str:
+        # `rewrite` needs nothing more here: every file in `sends` is uploaded whole.
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
         if not self._created:

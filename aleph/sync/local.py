@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from aleph._io import atomic_write_bytes, file_mode, fsync_dir
+from aleph._io import atomic_write_bytes, file_mode, fsync_dir, sha256_file
 from aleph.sync import index as ix
 from aleph.sync.dest import Destination, pause_hook
 from aleph.sync.index import Snapshot, SyncError
@@ -66,12 +66,13 @@ class DirDestination(Destination):
         return Snapshot(ix.parse(path.read_bytes(), str(path)), f"r{numbers[-1]}")
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
-                previous: Snapshot | None, sent: Callable[[], None]) -> str:
+                previous: Snapshot | None, sent: Callable[[], None],
+                rewrite: frozenset[str] = frozenset()) -> str:
         base = self._base(run)
         number = (int(previous.revision[1:]) if previous else 0) + 1
         try:
             for n, item in enumerate(sends, start=1):
-                self._put(base, item)
+                self._put(base, item, item.sha256 in rewrite)
                 sent()
                 pause_hook(n)
             self._write_index(base, number, ix.encode(index))
@@ -94,9 +95,9 @@ class DirDestination(Destination):
     def _object(self, base: Path, sha: str) -> Path:
         return base / OBJECTS / sha[:2] / sha
 
-    def _put(self, base: Path, item: Item) -> None:
+    def _put(self, base: Path, item: Item, rewrite: bool = False) -> None:
         final = self._object(base, item.sha256)
-        if final.is_file() and final.stat().st_size == item.size:
+        if not rewrite and final.is_file() and final.stat().st_size == item.size:
             return  # content-addressed: already there (an earlier push, or a rename)
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=final.parent)
@@ -151,6 +152,18 @@ class DirDestination(Destination):
                 sub.rmdir()
         for tmp in (base / INDEXES).glob(".*.tmp"):  # left by a write killed mid-way
             tmp.unlink(missing_ok=True)
+
+    def damaged(self, run: str, snap: Snapshot, scratch: Path) -> list[str]:
+        """Hashes the stored objects in place (no copy)."""
+        base = self._base(run)
+        bad = []
+        for rel, rec in sorted(snap.files.items()):
+            obj = self._object(base, rec["sha256"])
+            ok = obj.is_file() and obj.stat().st_size == rec["size"] \
+                and sha256_file(obj) == rec["sha256"]
+            if not ok:
+                bad.append(rel)
+        return bad
 
     def fetch(self, run: str, snap: Snapshot, rel: str, out: Path, scratch: Path) -> None:
         sha = snap.files[rel]["sha256"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -46,10 +47,13 @@ class PushResult:
     bytes_sent: int
     seconds: float
     time: str
+    repaired: int = 0  # files whose copy at the destination was damaged, sent again
 
     def line(self) -> str:
         what = (f"{self.sent} of {self.files} files sent ({_mb(self.bytes_sent)})" if self.sent
                 else f"up to date, nothing sent ({self.files} files)")
+        if self.repaired:
+            what += f", {self.repaired} of them damaged at the destination and sent again"
         return (f"synced {self.run} step {self.step} -> {self.destination} revision "
                 f"{self.revision}: {what} in {self.seconds:.1f} s")
 
@@ -75,9 +79,13 @@ class PullResult:
                 f"-> {self.path}")
 
 
-def push(run_dir: Path, dest: Destination) -> PushResult:
+def push(run_dir: Path, dest: Destination, verify: bool = False) -> PushResult:
     """Push `run_dir` (under <work>/runs) to `dest`; only files changed since its newest
-    snapshot are sent. The caller holds the run lock or is the run's own trainer."""
+    snapshot are sent. The caller holds the run lock or is the run's own trainer.
+
+    verify: first re-hash every file of that snapshot at the destination (a full read of
+    it) and send again those whose copy is missing or damaged; without it a stored copy
+    is trusted, which is what keeps an unchanged push cheap."""
     t0, run_dir = time.monotonic(), Path(run_dir)
     run = run_path(run_dir)
     if not run_dir.is_dir():
@@ -87,19 +95,28 @@ def push(run_dir: Path, dest: Destination) -> PushResult:
     files = {i.rel: {"sha256": i.sha256, "size": i.size} for i in items}
     previous = dest.latest(run)
     old = previous.files if previous else {}
-    sends = [i for i in items if old.get(i.rel) != files[i.rel]]
+    bad = set(_damaged(dest, run, previous)) if verify and previous else set()
+    sends = [i for i in items if old.get(i.rel) != files[i.rel] or i.rel in bad]
     drops = sorted(set(old) - set(files))
+    rewrite = frozenset(files[r]["sha256"] for r in bad if r in files)
     now = utc_now()
     if previous is not None and not sends and not drops:
         revision = previous.revision
     else:
         revision = dest.publish(run, ix.make_index(run, step, files, now), sends, drops,
-                                previous, lambda: None)
+                                previous, lambda: None, rewrite)
     result = PushResult(dest.spec, run, revision, step, len(files), len(sends),
-                        sum(i.size for i in sends), time.monotonic() - t0, now)
+                        sum(i.size for i in sends), time.monotonic() - t0, now,
+                        sum(1 for i in sends if i.rel in bad))
     cache.pushed[dest.spec] = result.record()
     cache.save(keep=set(files))
     return result
+
+
+def _damaged(dest: Destination, run: str, snap: Snapshot) -> list[str]:
+    """dest.damaged with a scratch directory for the copies it hashes (removed after)."""
+    with tempfile.TemporaryDirectory(prefix="aleph-verify-") as scratch:
+        return dest.damaged(run, snap, Path(scratch))
 
 
 def pull(dest: Destination, into: Path, run: str | None = None) -> list[PullResult]:

@@ -59,6 +59,12 @@ def test_hub_pull_rejects_a_damaged_file(hub, run_copy, tmp_path):
     with pytest.raises(SyncError, match="hf:me/aleph-runs: runs/.*/config.json: sha256 .*damaged"):
         pull(dest, into)
     assert not (into / "runs").exists()
+    # push --verify downloads and hashes every file (the generic check) and commits the
+    # damaged one again; the pull then restores the run
+    line = push(run_copy, dest, verify=True).line()
+    assert "1 of them damaged at the destination and sent again" in line
+    (res,) = pull(dest, into)
+    assert sha256_file(res.path / "config.json") == sha256_file(run_copy / "config.json")
 
 
 def test_hub_without_the_token_fails_clearly(hub, run_copy, monkeypatch):

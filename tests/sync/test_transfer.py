@@ -96,6 +96,18 @@ def test_pull_checks_every_sha256_and_leaves_nothing_on_a_mismatch(run_copy, tmp
     assert not (into / run_path(run_copy)).exists()
     assert not list(into.glob(".aleph-pull-*"))
 
+    # A plain push trusts the stored copy (that keeps it cheap); --verify re-hashes the
+    # destination, sends the damaged file again, and the pull then restores the run.
+    assert "up to date, nothing sent" in push(run_copy, dest).line()
+    assert dest.damaged(run_path(run_copy), dest.latest(run_path(run_copy)), tmp_path) == [
+        "metrics.json"]
+    line = push(run_copy, dest, verify=True).line()
+    assert "revision r2: 1 of " in line and "1 of them damaged at the destination" in line
+    assert dest.damaged(run_path(run_copy), dest.latest(run_path(run_copy)), tmp_path) == []
+    (restored,) = pull(dest, into)
+    assert synced_part(restored.path) == synced_part(run_copy)
+    assert "up to date, nothing sent" in push(run_copy, dest, verify=True).line()
+
 
 def test_pull_never_replaces_an_existing_run(run_copy, tmp_path):
     dest = DirDestination(tmp_path / "bucket")
