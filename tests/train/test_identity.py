@@ -13,10 +13,11 @@ from tests.train.conftest import run_train, start_train, train_cmd, wait_for_log
 
 def _snapshot(run_dir):
     """Every file of the run, but the live launch's heartbeat (rewritten every few seconds
-    by the launch that holds the lock, not by the duplicate)."""
+    by the launch that holds the lock, not by the duplicate), with the temporary file its
+    atomic rewrite holds for a moment (`.<launch>.heartbeat.json.<random>.tmp`)."""
     return {p.relative_to(run_dir).as_posix(): p.read_bytes()
             for p in sorted(run_dir.rglob("*")) if p.is_file()
-            and not p.name.endswith(".heartbeat.json")}
+            and ".heartbeat.json" not in p.name}
 
 
 def test_second_launch_exits_75_and_changes_nothing(train_work):
