@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,30 +25,30 @@ PAUSE_ENV = "ALEPH_SYNC_PAUSE_AFTER_FILES"
 files, so a test can kill it at a known point."""
 
 
-class Destination:
-    """One destination. Subclasses keep a run's snapshots so that a push killed at any
-    point leaves the previous complete snapshot readable."""
+class Destination(ABC):
+    """One destination (DirDestination, HubDestination). Each keeps a run's snapshots so
+    that a push killed at any point leaves the previous complete snapshot readable."""
 
     spec: str
 
+    @abstractmethod
     def runs(self) -> list[str]:
         """Run paths holding at least one complete snapshot."""
-        raise NotImplementedError
 
+    @abstractmethod
     def latest(self, run: str):
         """The newest complete Snapshot of `run`, or None."""
-        raise NotImplementedError
 
+    @abstractmethod
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
                 previous, sent: Callable[[], None], rewrite: frozenset[str] = frozenset()) -> str:
         """Send `sends`, make `index` the newest snapshot (files not sent are unchanged
         since `previous`; `drops` left it); returns the new revision. `rewrite`: sha256s
         whose stored copy is damaged, to be written again even where a copy is present."""
-        raise NotImplementedError
 
+    @abstractmethod
     def fetch(self, run: str, snap, rel: str, out: Path, scratch: Path) -> None:
         """Write file `rel` of snapshot `snap` to `out` (not verified here)."""
-        raise NotImplementedError
 
     def damaged(self, run: str, snap, scratch: Path) -> list[str]:
         """Files of `snap` whose stored copy is missing or does not hash to the index:

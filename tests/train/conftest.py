@@ -103,3 +103,20 @@ def tb_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def tiny_trainer():
+    """(config, model, optimizer, schedule) of a 1-layer a2 model, seeded: for tests of the
+    step, the optimiser and the checkpoint that need no data."""
+    import torch
+
+    from aleph.model import ModelConfig, build_model
+    from aleph.train.config import resolve
+    from aleph.train.loop import make_optimizer, make_scheduler
+
+    cfg = resolve("smoke", arm="a2_dense")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arm="a2_dense", vocab_size=50, max_len=8, d_model=16,
+                                    n_layers=1, n_heads=2, ffn_dense=32))
+    opt = make_optimizer(model, cfg)
+    return cfg, model, opt, make_scheduler(opt, cfg, 10)

@@ -14,24 +14,12 @@ import torch
 
 from aleph._io import file_mode, sha256_file
 from aleph.errors import QuotaError
-from aleph.model import ModelConfig, build_model
 from aleph.train import checkpoint as ckpt
-from aleph.train.config import resolve
-from aleph.train.loop import make_optimizer, make_scheduler
-from tests.train.conftest import REPO
-
-
-def _parts():
-    cfg = resolve("smoke", arm="a2_dense")
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(arm="a2_dense", vocab_size=50, max_len=8, d_model=16,
-                                    n_layers=1, n_heads=2, ffn_dense=32))
-    opt = make_optimizer(model, cfg)
-    return model, opt, make_scheduler(opt, cfg, 10)
+from tests.train.conftest import REPO, tiny_trainer
 
 
 def _save(run_dir, steps, keep=3):
-    model, opt, sched = _parts()
+    model, opt, sched = tiny_trainer()[1:]
     for step in steps:
         ckpt.save(run_dir, model, opt, sched, ckpt.Position(step, 0, step, step * 4, 1.0),
                   [ckpt.rng_state()], "h", keep=keep)
@@ -106,7 +94,7 @@ def test_legacy_marker_is_accepted_with_a_note_after_a_readability_check(tmp_pat
     assert lines == ["resume: checkpoints/step-00000006/COMPLETE has no checksums (written by an "
                      "earlier trainer): accepted after a readability check; changed bytes in it "
                      "cannot be detected"]
-    model, opt, sched = _parts()
+    model, opt, sched = tiny_trainer()[1:]
     assert ckpt.load(path, model, opt, sched)[0].step == 6
     # a truncated legacy state is still caught (safetensors header no longer covers the file)
     with open(path / "model.safetensors", "r+b") as f:

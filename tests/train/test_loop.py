@@ -18,6 +18,7 @@ from aleph.train.loop import (
     make_scheduler,
     train_step,
 )
+from tests.train.conftest import tiny_trainer
 
 
 def test_data_order_is_a_function_of_seed_and_epoch_and_shards_by_rank():
@@ -43,15 +44,6 @@ def test_schedule_warmup_then_cosine():
     assert all(x >= y for x, y in zip(f[10:], f[11:], strict=False))
 
 
-def _tiny():
-    cfg = resolve("smoke", arm="a2_dense")
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(arm="a2_dense", vocab_size=50, max_len=8, d_model=16,
-                                    n_layers=1, n_heads=2, ffn_dense=32))
-    opt = make_optimizer(model, cfg)
-    return cfg, model, opt, make_scheduler(opt, cfg, 10)
-
-
 def test_matrices_decay_but_vectors_and_unit_anchors_do_not():
     cfg = resolve("smoke", arm="a1_anchored")
     model = build_model(ModelConfig(arm="a1_anchored", vocab_size=50, max_len=8, d_model=16,
@@ -67,7 +59,7 @@ def test_matrices_decay_but_vectors_and_unit_anchors_do_not():
 
 
 def test_nonfinite_loss_stops_before_the_update():
-    cfg, model, opt, sched = _tiny()
+    cfg, model, opt, sched = tiny_trainer()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ids, mask = torch.randint(5, 50, (4, 8)), torch.ones(4, 8, dtype=torch.bool)
     target = torch.full((4, 768), float("nan"))
@@ -81,7 +73,7 @@ def test_nonfinite_loss_stops_before_the_update():
 
 
 def test_only_complete_checkpoints_count_and_two_are_kept(tmp_path):
-    cfg, model, opt, sched = _tiny()
+    cfg, model, opt, sched = tiny_trainer()
     for step in (3, 6, 9):
         pos = ckpt.Position(step, 0, step, step * 4, 1.0)
         ckpt.save(tmp_path, model, opt, sched, pos, [ckpt.rng_state()], "h", keep=2)
@@ -104,7 +96,7 @@ def test_eta_format_does_not_wrap_at_a_day():
 
 
 def test_nonfinite_gradient_stops_before_the_update():
-    cfg, model, opt, sched = _tiny()
+    cfg, model, opt, sched = tiny_trainer()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     next(model.parameters()).register_hook(lambda g: g * float("inf"))  # finite loss, inf grad
     ids, mask = torch.randint(5, 50, (4, 8)), torch.ones(4, 8, dtype=torch.bool)
