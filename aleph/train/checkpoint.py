@@ -5,7 +5,9 @@ crash (or SIGKILL) mid-save leaves the previous complete state as the resume poi
 least two complete states are kept. Contents:
 - `model.safetensors` the uncompiled model's weights;
 - `trainer.pt` optimiser and scheduler state dicts, RNG states of every rank (each
-  rank's own CUDA device only);
+  rank's own CUDA device only), tensors and plain values only: it loads with
+  `torch.load(weights_only=True)`, and anything needing another global is refused
+  (`load_trainer_state`; states of the earlier format through a numpy allow-list);
 - `meta.json` step, samples seen, data position (epoch, batch index within the epoch's
   permutation, which derives from (seed, epoch) so it is not stored), world size, config hash;
 - `COMPLETE` (JSON, marker_version 2) the step and the sha256 and size of each file above.
@@ -33,8 +35,10 @@ import json
 import os
 import random
 import re
+import reprlib
 import shutil
 import signal
+import stat
 import zipfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -94,14 +98,27 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     that device's generator only (`cuda`: one ByteTensor, `cuda_device`: its index).
 
     Only the rank's own device: a rank draws from no other, and a state holding every
-    visible GPU could not be restored where fewer are visible.
+    visible GPU could not be restored where fewer are visible. Every value is a tensor or a
+    plain Python value, so the state loads with `torch.load(weights_only=True)`.
     """
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
+                       "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
              "torch": torch.get_rng_state()}
     if device is not None and device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
         state["cuda_device"] = device.index
     return state
+
+
+def _numpy_state(saved) -> tuple:
+    """np.random.set_state's tuple from a saved numpy state (the dict above, or the tuple
+    with a uint32 array that states of the earlier format hold)."""
+    if isinstance(saved, dict):
+        keys = saved["keys"].numpy().astype(np.uint32)
+        return saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached"]
+    return tuple(saved)
 
 
 def saved_cuda_state(state: dict[str, Any], index: int) -> torch.Tensor | None:
@@ -128,7 +145,7 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
     seed, rank, step): left at the config seed, every rank would draw the same dropout masks.
     """
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state(_numpy_state(state["numpy"]))
     torch.set_rng_state(state["torch"])
     if device is None or device.type != "cuda":
         return ""
@@ -407,18 +424,105 @@ def find_resume(run_dir: Path, log) -> tuple[Path, dict] | None:
     return None
 
 
-def load(path: Path, model: torch.nn.Module, optimizer, scheduler) -> tuple[Position, list[dict], dict]:
+def _legacy_numpy_globals() -> list:
+    """Exactly what a trainer.pt of the earlier format needs beyond torch's own allow-list:
+    its numpy RNG state was np.random.get_state(), a tuple holding a uint32 array, whose
+    bytes pickle protocol 2 spells as a latin-1 `_codecs.encode` (a data transform)."""
+    import _codecs
+
+    from numpy.core.multiarray import _reconstruct
+
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)), _codecs.encode]
+
+
+def _refuse(file: Path, why: str) -> StoreError:
+    return StoreError(f"{file}: refused as a resume state: {why}; a resume state holds only "
+                      "tensors and plain values, and nothing else in it is ever run or "
+                      "built (delete this checkpoint directory to resume from the one before)")
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 160
+
+
+def _unpickle_error(e: Exception) -> str:
+    """What torch's weights-only refusal names (`Unsupported global: GLOBAL posix.system`),
+    without its advice to load with weights_only=False."""
+    text = str(e)
+    said = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|\n|$)", text)
+    line = said.group(1) if said else (text.strip().splitlines() or [type(e).__name__])[0]
+    return _SHORT.repr(line.strip())[1:-1]
+
+
+def load_trainer_state(path: Path) -> tuple[dict, bool]:
+    """trainer.pt of a complete state through torch's weights-only unpickler: (state, legacy).
+
+    Only tensors, plain containers and numbers load; a state of the earlier format
+    (`legacy`) may also hold numpy's uint32 array, through an allow-list of exactly its
+    reconstructors, set for this one load. Anything else (a pickled callable, another
+    class) is refused with one line naming the file: a pulled run's checksums are written
+    by whoever wrote the run, so they prove nothing about what the file would execute.
+    """
+    from torch import _weights_only_unpickler as unpickler
+
+    file = Path(path) / "trainer.pt"
+    st = os.lstat(file)
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(file, "not a regular file")
+    try:
+        state, legacy = torch.load(file, map_location="cpu", weights_only=True), False
+    except Exception as e:  # UnpicklingError for a forbidden global; RuntimeError for a bad zip
+        if "GLOBAL numpy." not in str(e):
+            raise _refuse(file, _unpickle_error(e)) from None
+        saved = list(unpickler._marked_safe_globals_list)
+        torch.serialization.add_safe_globals(_legacy_numpy_globals())
+        try:
+            state, legacy = torch.load(file, map_location="cpu", weights_only=True), True
+        except Exception as e2:
+            raise _refuse(file, _unpickle_error(e2)) from None
+        finally:
+            unpickler._marked_safe_globals_list[:] = saved
+    problem = _state_problem(state)
+    if problem:
+        raise _refuse(file, problem)
+    return state, legacy
+
+
+def _state_problem(state) -> str | None:
+    """What is wrong with the shape of a loaded trainer state, or None."""
+    if not isinstance(state, dict) or not {"optimizer", "scheduler", "rng"} <= set(state):
+        return "expected a dict with optimizer, scheduler and rng"
+    if not isinstance(state["rng"], list) or not state["rng"]:
+        return "rng: expected a list of per-rank RNG states"
+    for rank, rng in enumerate(state["rng"]):
+        if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
+            return f"rng[{rank}]: expected python, numpy and torch generator states"
+        saved = rng["numpy"]
+        ok = (isinstance(saved, dict) and isinstance(saved.get("keys"), torch.Tensor)) or (
+            isinstance(saved, tuple) and len(saved) == 5 and isinstance(saved[1], np.ndarray)
+            and saved[1].dtype == np.uint32 and saved[1].shape == (624,))
+        if not ok:
+            return f"rng[{rank}].numpy: expected the MT19937 state (624 keys)"
+        if not isinstance(rng["torch"], torch.Tensor):
+            return f"rng[{rank}].torch: expected a ByteTensor"
+    return None
+
+
+def load(path: Path, model: torch.nn.Module, optimizer, scheduler,
+         log=None) -> tuple[Position, list[dict], dict]:
     """Load a complete state into model/optimiser/scheduler; returns position, RNG states, meta."""
     meta = read_json(path / "meta.json")
     if meta.get("format_version") != FORMAT_VERSION:
         raise StoreError(f"{path}/meta.json: format_version {meta.get('format_version')!r}, "
                          f"this trainer reads {FORMAT_VERSION}")
+    trainer, legacy = load_trainer_state(path)  # before anything is changed in the model
+    if legacy and log is not None:
+        log(f"resume: {Path(path).name}/trainer.pt is of the earlier format (numpy RNG state as "
+            "an array): loaded through the numpy allow-list; later states are written in the "
+            "current format")
     plain = getattr(model, "_orig_mod", model)
     state = safetensors.torch.load_file(str(path / "model.safetensors"))
     plain.load_state_dict(state, strict=True)
-    # weights_only=False: the file holds RNG tuples and was written by this trainer, under the
-    # run lock, in the run's own directory; it is not a downloaded artefact.
-    trainer = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
     optimizer.load_state_dict(trainer["optimizer"])
     scheduler.load_state_dict(trainer["scheduler"])
     fields = ("step", "epoch", "batch_in_epoch", "samples_seen", "train_seconds")

@@ -239,7 +239,7 @@ class Session:
         self.net = self._wrap(self.model)
 
     def _load(self, path: Path) -> None:
-        self.pos, rngs, meta = ckpt.load(path, self.model, self.opt, self.sched)
+        self.pos, rngs, meta = ckpt.load(path, self.model, self.opt, self.sched, self.log)
         if len(rngs) == self.world.size:
             ckpt.set_rng_state(rngs[self.world.rank], self.device,
                                ckpt.stream_seed(self.cfg.seed, self.world.rank, self.pos.step))

@@ -1,0 +1,149 @@
+"""A resume state is data, never code: trainer.pt loads through torch's weights-only
+unpickler, so a pulled run whose newest state holds a pickled callable (with its COMPLETE
+marker rewritten to match, as whoever writes a shared destination can) is refused in one
+line and the payload never runs; states of the earlier format (a numpy array in the RNG
+state) still load through an allow-list of exactly numpy's reconstructors."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from aleph._io import sha256_file
+from aleph.errors import StoreError
+from aleph.train import checkpoint as ckpt
+from tests.train.conftest import completed_run, run_train, smoke_dir, tiny_trainer, train_cmd
+
+
+class _Payload:
+    """Pickles as a call to os.system: what an attacker puts into trainer.pt."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _rewrite_marker(state):
+    """Make COMPLETE match the files again, as the writer of a destination can."""
+    marker = json.loads((state / "COMPLETE").read_text())
+    for name in marker["files"]:
+        marker["files"][name] = {"sha256": sha256_file(state / name),
+                                 "size": (state / name).stat().st_size}
+    (state / "COMPLETE").write_text(json.dumps(marker))
+
+
+def _plant(state, marker):
+    trainer = torch.load(state / "trainer.pt", weights_only=True)
+    trainer["rng"][0]["evil"] = _Payload(marker)
+    torch.save(trainer, state / "trainer.pt")
+    _rewrite_marker(state)
+    assert ckpt.verify_state(state).problem is None  # every checksum passes
+
+
+def _save(run_dir, step=3):
+    model, opt, sched = tiny_trainer()[1:]
+    ckpt.save(run_dir, model, opt, sched, ckpt.Position(step, 0, step, step * 4, 1.0),
+              [ckpt.rng_state()], "h", keep=3)
+    return ckpt.step_dir(run_dir, step), (model, opt, sched)
+
+
+def test_a_state_of_this_trainer_loads_weights_only(tmp_path):
+    state, _ = _save(tmp_path)
+    torch.load(state / "trainer.pt", weights_only=True)  # no global beyond torch's own
+    loaded, legacy = ckpt.load_trainer_state(state)
+    assert not legacy
+    # round trip: the restored numpy stream continues exactly where the saved one stood
+    np.random.seed(5)
+    random.seed(5)
+    saved = ckpt.rng_state()
+    want = (np.random.rand(3), random.random(), torch.rand(2))
+    ckpt.set_rng_state(saved)
+    got = (np.random.rand(3), random.random(), torch.rand(2))
+    assert (want[0] == got[0]).all() and want[1] == got[1] and torch.equal(want[2], got[2])
+
+
+def test_a_pickled_callable_is_refused_in_one_line_and_never_runs(tmp_path):
+    state, (model, opt, sched) = _save(tmp_path)
+    marker = tmp_path / "PWNED"
+    _plant(state, marker)
+    with pytest.raises(StoreError) as err:
+        ckpt.load(state, model, opt, sched)
+    msg = str(err.value)
+    assert "\n" not in msg and f"{state}/trainer.pt: refused as a resume state" in msg, msg
+    assert "posix.system" in msg or "system" in msg, msg
+    assert not marker.exists()
+
+
+def test_a_state_of_the_earlier_format_loads_through_the_numpy_allow_list(tmp_path):
+    state, (model, opt, sched) = _save(tmp_path)
+    trainer = torch.load(state / "trainer.pt", weights_only=True)
+    np.random.seed(11)
+    trainer["rng"][0]["numpy"] = np.random.get_state()  # how earlier trainers saved it
+    want = np.random.rand(4)
+    torch.save(trainer, state / "trainer.pt")
+    _rewrite_marker(state)
+    with pytest.raises(Exception):  # it really needs the numpy globals
+        torch.load(state / "trainer.pt", weights_only=True)
+    lines = []
+    pos, rngs, _ = ckpt.load(state, model, opt, sched, lines.append)
+    assert pos.step == 3 and "earlier format" in lines[0]
+    ckpt.set_rng_state(rngs[0])
+    assert (np.random.rand(4) == want).all()
+    # the allow-list was for that one load: a numpy array is refused again afterwards
+    with pytest.raises(Exception):
+        torch.load(state / "trainer.pt", weights_only=True)
+
+
+def test_an_earlier_format_state_with_a_payload_is_refused_too(tmp_path):
+    state, (model, opt, sched) = _save(tmp_path)
+    marker = tmp_path / "PWNED"
+    trainer = torch.load(state / "trainer.pt", weights_only=True)
+    trainer["rng"][0]["numpy"] = np.random.get_state()
+    trainer["rng"][0]["evil"] = _Payload(marker)
+    torch.save(trainer, state / "trainer.pt")
+    _rewrite_marker(state)
+    with pytest.raises(StoreError, match="refused as a resume state"):
+        ckpt.load(state, model, opt, sched)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_trainer_pt_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    state, (model, opt, sched) = _save(tmp_path)
+    (state / "trainer.pt").unlink()
+    if kind == "fifo":
+        os.mkfifo(state / "trainer.pt")
+    else:
+        (state / "trainer.pt").symlink_to("/dev/zero")
+    with pytest.raises(StoreError, match="trainer.pt: refused as a resume state: not a regular file"):
+        ckpt.load_trainer_state(state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("finished", [False, True], ids=["mid-run", "complete-run"])
+def test_a_planted_state_does_not_run_through_aleph_train(tmp_path_factory, smoke_data_dir,
+                                                           finished):
+    """The whole path a pulled run takes: `aleph train` on it resumes from its newest state."""
+    run = completed_run(tmp_path_factory, smoke_data_dir, "a2_dense", 3,
+                        "ckpt_every_steps=8")
+    work = run.parents[2]
+    if not finished:
+        shutil.rmtree(run / "weights" / "final")
+    [*_, newest] = ckpt.complete_steps(run)
+    marker = work.parent / "PWNED"
+    _plant(newest, marker)
+    proc = run_train(work, train_cmd("a2_dense", 3, "ckpt_every_steps=8"))
+    assert not marker.exists(), "the payload ran"
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = [ln for ln in proc.stderr.splitlines() if "refused" in ln]
+    assert f"{newest.name}/trainer.pt: refused as a resume state" in line
+    assert "Traceback" not in proc.stderr
+    assert smoke_dir(work).is_dir()
