@@ -69,6 +69,7 @@ MARKER_VERSION = 2
 FILES = ("model.safetensors", "trainer.pt", "meta.json")
 CORRUPT_TAG = ".corrupt-"
 _STATE_NAME = re.compile(r"step-\d{8}")
+_TMP_NAME = re.compile(r"step-\d{8}\.tmp-\d+")  # a save in progress (`save`)
 _LEGACY_MARKER = re.compile(r"step (\d+)\n?")
 FAULT_ENV = "ALEPH_TRAIN_FAULT"
 FAULT_POINTS = ("before-complete", "after-complete")
@@ -171,8 +172,9 @@ def complete_steps(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / CKPT_DIR
     if not root.is_dir():
         return []
-    dirs = [p for p in root.iterdir()
-            if p.is_dir() and _STATE_NAME.fullmatch(p.name) and (p / COMPLETE).is_file()]
+    dirs = [p for p in root.iterdir()  # real directories only: a link is never a state
+            if _STATE_NAME.fullmatch(p.name) and stat.S_ISDIR(os.lstat(p).st_mode)
+            and (p / COMPLETE).is_file()]
     return sorted(dirs, key=lambda p: p.name)
 
 
@@ -274,20 +276,29 @@ def prune(run_dir: Path, keep: int) -> list[str]:
     return [p.name for p in old]
 
 
-def remove_incomplete(run_dir: Path) -> list[str]:
-    """Delete leftovers of killed saves (no COMPLETE marker). Call under the run lock.
+def remove_incomplete(run_dir: Path, log=None) -> list[str]:
+    """Delete leftovers of killed saves; returns their names. Call under the run lock.
 
-    States set aside as corrupt (`*.corrupt-*`) are never touched.
+    Only what `save` itself writes is removed: a real directory `step-NNNNNNNN` without its
+    COMPLETE marker, and `step-NNNNNNNN.tmp-<pid>`. Anything else there (a user's
+    `best-by-hand/`, `step-00000128.bak/`, a link, a state set aside as corrupt) is left
+    alone, and named through `log` when one is given.
     """
     root = Path(run_dir) / CKPT_DIR
-    removed = []
-    if root.is_dir():
-        for p in sorted(root.iterdir()):
-            if CORRUPT_TAG in p.name or not p.is_dir():
-                continue
-            if not (p / COMPLETE).is_file() or not _STATE_NAME.fullmatch(p.name):
-                shutil.rmtree(p)
-                removed.append(p.name)
+    removed, alone = [], []
+    if not root.is_dir():
+        return removed
+    for p in sorted(root.iterdir()):
+        real_dir = stat.S_ISDIR(os.lstat(p).st_mode)
+        ours = real_dir and (_TMP_NAME.fullmatch(p.name) or (
+            _STATE_NAME.fullmatch(p.name) and not (p / COMPLETE).is_file()))
+        if ours:
+            shutil.rmtree(p)
+            removed.append(p.name)
+        elif not (real_dir and _STATE_NAME.fullmatch(p.name)) and CORRUPT_TAG not in p.name:
+            alone.append(p.name)
+    if alone and log is not None:
+        log(f"checkpoints/: left alone (not written by the trainer): {', '.join(alone)}")
     return removed
 
 

@@ -109,7 +109,7 @@ class Session:
         """Rank 0 verifies the newest complete state (older ones on failure; checkpoint.py)."""
         found = None
         if self.world.is_main:
-            removed = ckpt.remove_incomplete(self.run_dir)
+            removed = ckpt.remove_incomplete(self.run_dir, self.log)
             if removed:
                 self.log(f"removed incomplete resume state(s) of a killed save: {', '.join(removed)}")
             latest = ckpt.find_resume(self.run_dir, self.log)

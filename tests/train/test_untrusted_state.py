@@ -147,3 +147,33 @@ def test_a_planted_state_does_not_run_through_aleph_train(tmp_path_factory, smok
     assert f"{newest.name}/trainer.pt: refused as a resume state" in line
     assert "Traceback" not in proc.stderr
     assert smoke_dir(work).is_dir()
+
+
+def test_a_relaunch_removes_only_what_the_trainer_writes(tmp_path):
+    """remove_incomplete: killed saves go; user folders, links and their targets stay."""
+    state, _ = _save(tmp_path, step=3)
+    root = state.parent
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    for name in ("best-by-hand", "step-00000128.bak", "step-00000004.old"):
+        (root / name).mkdir()
+        (root / name / "model.safetensors").write_bytes(b"user data")
+    (root / "notes.txt").write_text("user file")
+    (root / "step-00000009").symlink_to(victim)  # a link with a state's name
+    (root / "step-00000005").mkdir()  # a killed save: no marker
+    (root / "step-00000006.tmp-4242").mkdir()  # a killed save's temporary directory
+    lines = []
+    removed = ckpt.remove_incomplete(tmp_path, lines.append)
+    assert removed == ["step-00000005", "step-00000006.tmp-4242"]
+    for name in ("best-by-hand", "step-00000128.bak", "step-00000004.old"):
+        assert (root / name / "model.safetensors").read_bytes() == b"user data"
+    assert (root / "notes.txt").is_file() and (victim / "keep.txt").read_text() == "mine"
+    assert (root / "step-00000009").is_symlink()
+    assert lines == ["checkpoints/: left alone (not written by the trainer): best-by-hand, "
+                     "notes.txt, step-00000004.old, step-00000009, step-00000128.bak"]
+    # a link never counts as a state, so pruning never deletes through it
+    (victim / "COMPLETE").write_text("{}")
+    assert [p.name for p in ckpt.complete_steps(tmp_path)] == ["step-00000003"]
+    assert ckpt.prune(tmp_path, 0) == ["step-00000003"]
+    assert (victim / "keep.txt").is_file()
