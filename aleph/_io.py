@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,85 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write `obj` as indented, key-sorted JSON, atomically."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}
+
+
+def file_kind(mode: int) -> str:
+    """'a FIFO', 'a directory', ... for an st_mode that is not a regular file's."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def not_regular(path: str | os.PathLike, mode: int) -> OSError:
+    """The OSError for an input that is not a regular file; its strerror says what it is."""
+    return OSError(errno.EINVAL, f"not a regular file ({file_kind(mode)}): expected a "
+                   "regular file", str(path))
+
+
+def check_regular(path: str | os.PathLike, *, follow: bool = True) -> os.stat_result:
+    """stat `path` (lstat when follow=False) and refuse anything but a regular file, without
+    opening it: a FIFO is never opened, so it can never block the reader."""
+    st = os.stat(path) if follow else os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(path, st.st_mode)
+    return st
+
+
+def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
+    """A read-only fd of a regular file. O_NONBLOCK keeps the open itself from waiting on a
+    FIFO; the fstat of what was opened decides (no race with a swap after a stat); with
+    follow=False a symbolic link is refused (O_NOFOLLOW)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow:
+            raise not_regular(path, stat.S_IFLNK) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise not_regular(path, mode)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_bounded(path: str | os.PathLike, limit: int, *, follow: bool = True) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (OSError EFBIG beyond it); never
+    reads more than limit + 1 bytes, whatever the file claims."""
+    fd = open_regular(path, follow=follow)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than the {limit:,} B this input may have", str(path))
+    return data
+
+
+def short_repr(value: Any, limit: int = 120) -> str:
+    """repr of a value echoed in an error, bounded (reprlib): a huge input stays one line."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxtuple, r.maxlevel = limit, limit, 8, 8, 8, 3
+    return r.repr(value)
+
+
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load without aliases: `*name` is refused (a ComposerError at its mark), so
+    a few hundred bytes of nested aliases cannot expand into gigabytes."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.composer.ComposerError(
+                    None, None, "aliases (*name) are not accepted here; write the value out",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -46,6 +46,8 @@ def _bind(host: str, port: int) -> int:
 def check_port(host: str, port: int) -> None:
     """Refuse a port TensorBoard could not bind, before saying it serves there: TensorBoard
     itself would print its banner and only then fail. A busy port names a free one."""
+    if not 1 <= port <= 65535:  # getaddrinfo would blame the host for a port out of range
+        raise ConfigError(f"--port {port}: expected a TCP port from 1 to 65535")
     try:
         _bind(host, port)
     except socket.gaierror as e:

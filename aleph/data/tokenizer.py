@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from aleph._io import fsync_dir, sha256_json, work_root
+from aleph._io import file_kind, fsync_dir, sha256_json, work_root
 from aleph.errors import DataError
 
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
@@ -45,6 +46,7 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
         if not any((path / f).is_file() for f in _TOKENIZER_FILES):
             raise DataError(f"tokenizer directory {name!r} holds none of {list(_TOKENIZER_FILES)}; "
                             "expected a saved transformers tokenizer (save_pretrained)")
+        _check_entries(path)
         source, kwargs = str(path), {}
     elif _looks_like_path(name) or isinstance(name_or_dir, Path):
         raise DataError(f"tokenizer directory {name!r} does not exist")
@@ -58,8 +60,14 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
             cache = Path(cache_dir) if cache_dir is not None else work_root() / "cache" / "hf"
             source, kwargs = name, {"cache_dir": str(cache)}
     try:
-        tok = AutoTokenizer.from_pretrained(source, **kwargs)
+        # trust_remote_code=False: a directory asking for its own code is refused, never run
+        # and never prompted for (transformers' interactive "run the custom code? [y/N]").
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kwargs)
     except Exception as e:  # a corrupt tokenizer.json surfaces as KeyError, TypeError, ...
+        if "contains custom code" in str(e):
+            raise DataError(f"tokenizer {name!r} asks to run its own code (auto_map in its "
+                            "tokenizer_config.json): refused, aleph-e1 never runs code that comes "
+                            "with a tokenizer; expected a plain saved tokenizer") from None
         if path.is_dir():
             hint = ""
         elif source != name:
@@ -74,6 +82,16 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
     if not getattr(tok, "is_fast", False):
         raise DataError(f"tokenizer {name!r} is not a fast (tokenizers-backed) tokenizer")
     return tok
+
+
+def _check_entries(path: Path) -> None:
+    """Every entry of a tokenizer directory is a regular file or a directory: a FIFO named
+    tokenizer.json would block transformers' open forever, a device would be read without end."""
+    for entry in sorted(path.iterdir()):
+        st = entry.stat() if entry.exists() else entry.lstat()
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise DataError(f"tokenizer directory {str(path)!r}: {entry.name} is {file_kind(st.st_mode)}; "
+                            "expected regular files (a saved transformers tokenizer)")
 
 
 def tokenizer_threads(cgroup_root: str | os.PathLike | None = None) -> int:

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint  # explicit: torch 2.4.1 does not import it with `import torch`
 from torch import nn
 
+from aleph.env.hostinfo import meminfo_bytes
+from aleph.errors import ConfigError
 from aleph.model.bank import AnchoredBank, DenseFFN, init_matrix, tensors_to_floats
 from aleph.model.config import ModelConfig
 
@@ -119,8 +121,29 @@ class AlephEncoder(nn.Module):
         return tensors_to_floats(out)
 
 
+def model_bytes(cfg: ModelConfig) -> int:
+    """Bytes of `cfg`'s parameters and buffers, counted on the meta device (nothing allocated,
+    no random number drawn)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = AlephEncoder(cfg)
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def check_fits(cfg: ModelConfig, available: int | None) -> None:
+    """ConfigError (one line: the shape, bytes needed vs available) when the model alone
+    cannot fit `available` bytes: a huge d_model is refused, not left to the allocator."""
+    need = model_bytes(cfg)
+    if available is not None and need > available:
+        raise ConfigError(
+            f"model shape d_model={cfg.d_model}, n_layers={cfg.n_layers}, max_len={cfg.max_len}, "
+            f"vocab_size={cfg.vocab_size}: its weights alone need {need:,} B, {available:,} B of "
+            "memory is available; expected a shape that fits")
+
+
 def build_model(cfg: ModelConfig) -> AlephEncoder:
-    """A freshly initialised encoder for `cfg` (seed torch's RNG first for reproducibility)."""
+    """A freshly initialised encoder for `cfg` (seed torch's RNG first for reproducibility);
+    a shape whose weights exceed the memory available is refused first (check_fits)."""
+    check_fits(cfg, meminfo_bytes("MemAvailable"))
     return AlephEncoder(cfg)
 
 

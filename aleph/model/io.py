@@ -9,13 +9,14 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
-from aleph._io import atomic_write_bytes, atomic_write_json, read_json
+from aleph._io import atomic_write_bytes, atomic_write_json, read_bounded
 from aleph.errors import ConfigError, StoreError
 from aleph.model.config import ModelConfig
 from aleph.model.encoder import AlephEncoder, build_model
 
 WEIGHTS = "model.safetensors"
 CONFIG = "model_config.json"
+CONFIG_MAX_BYTES = 1 << 20  # a model config is ~20 fields; a pulled one may be anything
 _COMPILED_PREFIX = "_orig_mod."  # torch.compile's wrapper prefixes every key with this
 
 
@@ -50,14 +51,20 @@ def load_model(weights_dir: str | Path, device: str | torch.device = "cpu") -> A
         if not path.is_file():
             raise StoreError(f"{path}: missing (a weights directory holds {WEIGHTS} and {CONFIG})")
     try:
-        cfg = ModelConfig.from_dict(read_json(cfg_path), source=str(cfg_path))
-    except json.JSONDecodeError as e:
+        cfg = ModelConfig.from_dict(json.loads(read_bounded(cfg_path, CONFIG_MAX_BYTES)),
+                                    source=str(cfg_path))
+    except OSError as e:
+        raise StoreError(f"{cfg_path}: cannot read ({e.strerror})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ConfigError(f"{cfg_path}: not valid JSON ({e})") from e
     try:
         state = safetensors.torch.load_file(str(w_path), device=str(device))
     except (SafetensorError, OSError) as e:
         raise StoreError(f"{w_path}: unreadable safetensors file ({e})") from e
-    model = build_model(cfg).to(device)
+    try:
+        model = build_model(cfg).to(device)
+    except ConfigError as e:  # a shape too large to allocate: name the file that asks for it
+        raise ConfigError(f"{cfg_path}: {e}") from None
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

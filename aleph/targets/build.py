@@ -50,6 +50,18 @@ def _check_options(implementation: str, nonfinite: str, flush_bytes: int) -> Non
         raise ConfigError(f"flush_bytes {flush_bytes}: expected a positive byte count")
 
 
+def _checked_hit(hit: TargetStore | None, nonfinite: str) -> TargetStore | None:
+    """A cache hit, refused in "fail" mode when its build recorded NaN/Inf rows (the mode
+    applies to the store used, not only to a store built now)."""
+    recorded = (hit.manifest.get("nonfinite") or {}) if hit is not None else {}
+    if nonfinite == "fail" and recorded.get("rows"):
+        first = (recorded.get("chunks") or [{}])[0]
+        raise StoreError(f"{hit.store_dir}: the cached target store holds {recorded['rows']:,} row(s) with "
+                         f"NaN/Inf (first in {first.get('path')}, store rows {first.get('first_rows')}); "
+                         "refused because non-finite rows are set to fail")
+    return hit
+
+
 def build_store(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
                 implementation: str = "streaming", *, nonfinite: str = "warn",
                 lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
@@ -63,7 +75,7 @@ def build_store(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
     _check_options(implementation, nonfinite, flush_bytes)
     out_dir = Path(out_dir)
     fingerprint = source_fingerprint(source_stats(sources))
-    hit = cached_store(out_dir, fingerprint, implementation)
+    hit = _checked_hit(cached_store(out_dir, fingerprint, implementation), nonfinite)
     if hit is not None:
         return hit
     infos = describe_sources(sources)
@@ -76,7 +88,8 @@ def build_store(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
         raise StoreError(f"{out_dir}: cannot create the store directory ({e.strerror}); "
                          "expected a writable directory path") from None
     with build_lock(out_dir, lock_timeout_s):
-        hit = cached_store(out_dir, fingerprint, implementation)  # built while we waited
+        # built while we waited
+        hit = _checked_hit(cached_store(out_dir, fingerprint, implementation), nonfinite)
         if hit is not None:
             return hit
         if implementation == "streaming":
@@ -98,7 +111,8 @@ def ensure_store(sources: Sequence[str | os.PathLike], implementation: str | Non
     """
     store_dir = store_dir_for(sources, root)
     fingerprint = source_fingerprint(source_stats(sources))
-    hit = cached_store(store_dir, fingerprint, implementation or "streaming")
+    hit = _checked_hit(cached_store(store_dir, fingerprint, implementation or "streaming"),
+                       build_kw.get("nonfinite", "warn"))
     if hit is not None:
         return hit
     p = plan(sources, quota_bytes, headroom_bytes)

@@ -22,6 +22,7 @@ import json
 import os
 import pickle
 import re
+import stat
 import struct
 import warnings
 from collections.abc import Iterator, Sequence
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aleph._io import sha256_json
+from aleph._io import file_kind, sha256_json
 from aleph.errors import StoreError
 from aleph.targets.format import DTYPES, TORCH_RAW, dtype_entry, torch_dtype_name
 
@@ -58,12 +59,17 @@ class ChunkInfo:
 
 
 def _stat(path: str) -> os.stat_result:
+    """stat of a chunk file, refusing what is not a regular file (a FIFO would block the
+    build's first read forever, a device would be read without end)."""
     try:
-        return os.stat(path)
+        st = os.stat(path)
     except FileNotFoundError:
         raise StoreError(f"{path}: chunk file not found") from None
     except OSError as e:
         raise StoreError(f"{path}: cannot stat chunk file ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"{path}: chunk file is {file_kind(st.st_mode)}; expected a regular file")
+    return st
 
 
 def _natural_key(name: str) -> list:
@@ -100,6 +106,7 @@ def source_stats(paths: Sequence[str | os.PathLike]) -> list[dict]:
         raise StoreError("no chunk files given (empty source list)")
     out = []
     for p in paths:
+        _stat(os.fspath(p))  # as given: a refusal names the file the user passed, not its target
         path = os.path.realpath(os.fspath(p))
         st = _stat(path)
         out.append({"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns})

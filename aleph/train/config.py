@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from aleph._io import load_yaml, read_bounded, short_repr
 from aleph.env import laws
 from aleph.errors import ConfigError
 from aleph.model.config import ARMS, INIT_BEFORE_FIELD, INIT_SCHEMES
@@ -200,7 +201,7 @@ class TrainConfig:
 
 def _check_values(c: TrainConfig) -> None:
     def bad(name: str, expected: str) -> ConfigError:
-        return ConfigError(f"config field {name!r}: got {getattr(c, name)!r}, expected {expected}")
+        return ConfigError(f"config field {name!r}: got {short_repr(getattr(c, name))}, expected {expected}")
 
     for f in fields(c):  # inf/nan pass every comparison below that is written as `not x > 0`
         value = getattr(c, f.name)
@@ -272,7 +273,7 @@ def _check_types(c: TrainConfig) -> None:
             value = tuple(value)
             object.__setattr__(c, f.name, value)
         if not _type_ok(f.type, value):
-            raise ConfigError(f"config field {f.name!r}: got {value!r} ({type(value).__name__}), "
+            raise ConfigError(f"config field {f.name!r}: got {short_repr(value)} ({type(value).__name__}), "
                               f"expected {f.type}")
         # An int where a float is declared (`--set alloc_cap_fraction=1`, `lr: 1` in YAML)
         # becomes a float here: torch 2.4.1 APIs such as set_per_process_memory_fraction
@@ -325,21 +326,24 @@ def field_names() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
 
 
+CONFIG_MAX_BYTES = 1 << 20  # a config is a flat mapping of ~60 fields: a few KiB
+
+
 def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a flat JSON or YAML mapping of field names; errors name the file."""
+    """Read a flat JSON or YAML mapping of field names; errors name the file.
+
+    The file must be a regular file of at most CONFIG_MAX_BYTES; YAML aliases are refused.
+    """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, CONFIG_MAX_BYTES).decode("utf-8")
     except OSError as e:
         raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from e
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not UTF-8 text") from None
     kind = path.suffix.lstrip(".") or "json"
     try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
+        data = load_yaml(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"config file {path}: not valid {kind} at line {e.lineno}, column "
                           f"{e.colno}: {e.msg}") from None
@@ -405,9 +409,9 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"override {item!r}: expected key=value")
+        raise ConfigError(f"override {short_repr(item)}: expected key=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, coerce_field(key, value, raw)

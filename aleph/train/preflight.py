@@ -174,9 +174,22 @@ def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: Non
                         f"target row ({target_rows:,})")
     check_aligned(rows, target_rows, f"captions {src.captions}",
                   f"targets ({len(src.targets)} chunk file(s) from {src.targets[0]})")
+    check_shape(cfg, rows, len(tokenizer), tokenizer.pad_token_id, dim)
     say(f"inputs: OK: {rows:,} captions = {target_rows:,} target rows "
         f"({time.monotonic() - t0:.1f} s)")
     return Inputs(src, tokenizer, digest, captions)
+
+
+def check_shape(cfg: TrainConfig, rows: int, vocab_size: int, pad_id: int, dim: int) -> None:
+    """What the loop and the model build would refuse, refused before the run directory
+    exists: a batch larger than the data, a model whose weights cannot fit in memory."""
+    from aleph.env.hostinfo import meminfo_bytes
+    from aleph.model.encoder import check_fits
+    from aleph.train.config import model_config
+    from aleph.train.loop import DataOrder
+
+    DataOrder(cfg.seed, rows, cfg.batch_size)  # ConfigError naming batch_size
+    check_fits(model_config(cfg, vocab_size, pad_id, dim), meminfo_bytes("MemAvailable"))
 
 
 def check_target_dim(cfg: TrainConfig, dim: int, paths: list[str]) -> None:

@@ -43,3 +43,10 @@ def test_a_free_port_passes_and_an_address_not_of_this_machine_is_named():
     check_port("127.0.0.1", port)  # released: free again
     with pytest.raises(ConfigError, match=r"--host 192\.0\.2\.1 --port \d+: cannot listen there"):
         check_port("192.0.2.1", port)  # TEST-NET-1: no interface of this machine has it
+
+
+@pytest.mark.parametrize("port", [-1, 0, 65536])
+def test_a_port_out_of_range_is_blamed_on_the_port_not_the_host(port):
+    with pytest.raises(ConfigError) as err:
+        check_port("127.0.0.1", port)
+    assert str(err.value) == f"--port {port}: expected a TCP port from 1 to 65535"
