@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aleph.model import build_model  # noqa: E402
 from aleph.train import checkpoint as ckpt  # noqa: E402
 from aleph.train.config import model_config, resolve  # noqa: E402
-from aleph.train.loop import make_optimizer, make_scheduler  # noqa: E402
+from aleph.train.optim import make_optimizer, make_scheduler  # noqa: E402
 
 BERT_VOCAB, BERT_PAD = 30522, 0
 

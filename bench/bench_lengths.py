@@ -6,7 +6,7 @@ data order compares three widths for a compiled model:
   trim     each batch's longest row (what eager training does);
   bucket16 the longest row rounded up to a multiple of 16, at most max_len;
   full     max_len always (what compiled training did before: one static shape).
-Compiled training uses bucket16 (loop.bucket_width), on these figures.
+Compiled training uses bucket16 (prefetch.bucket_width), on these figures.
 For each: the distinct widths, the share of padded token slots, and with --compile the
 number of graphs torch.compile (aot_eager, CPU, automatic dynamic shapes) builds for the
 smoke model's train_step over the first --compile-batches batches.
@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aleph.train.distributed import World  # noqa: E402
-from aleph.train.loop import DataOrder, bucket_width  # noqa: E402
+from aleph.train.prefetch import DataOrder, bucket_width  # noqa: E402
 
 POLICIES = ("trim", "bucket16", "full")
 
@@ -53,7 +53,9 @@ def graphs(tokens, order: DataOrder, policy: str, n: int, vocab: int) -> int:
 
     from aleph.model import ModelConfig, build_model
     from aleph.train.config import resolve
-    from aleph.train.loop import fixed_length, make_optimizer, make_scheduler, train_step
+    from aleph.train.prefetch import fixed_length
+    from aleph.train.step import train_step
+    from aleph.train.trainer import step_trainer
 
     cfg = resolve("smoke", arm="a2_dense")
     torch._dynamo.reset()
@@ -61,8 +63,7 @@ def graphs(tokens, order: DataOrder, policy: str, n: int, vocab: int) -> int:
     torch.manual_seed(0)
     model = build_model(ModelConfig(arm="a2_dense", vocab_size=vocab, max_len=tokens.max_len,
                                     d_model=32, n_layers=1, n_heads=2, ffn_dense=64))
-    opt = make_optimizer(model, cfg)
-    sched = make_scheduler(opt, cfg, n)
+    t = step_trainer(cfg, model, n)
     model.compile(backend="aot_eager")
     for b in range(min(n, order.steps_per_epoch)):
         idx = order.indices(0, b, World())
@@ -70,7 +71,7 @@ def graphs(tokens, order: DataOrder, policy: str, n: int, vocab: int) -> int:
         ids, mask = fixed_length(ids, mask, width_of(ids.shape[1], policy, tokens.max_len),
                                  tokens.pad_id)
         target = torch.nn.functional.normalize(torch.randn(len(idx), 768), dim=-1)
-        train_step(model, opt, sched, ids, mask, target, cfg, World(), b, torch.device("cpu"))
+        train_step(t, (ids, mask, target))
     return int(counters["stats"]["unique_graphs"])
 
 

@@ -5,11 +5,11 @@
   2. CUDA (when present), E1 shape (d_model 512, 12 layers, 8 heads, ffn 2048 / 4 x 512,
      max_len 128, batch 256), bf16 autocast, eager and torch.compile (no per-block
      checkpointing: on torch 2.4 compile and checkpointing are exclusive).
-One step = aleph.train.loop.train_step, what training runs: forward under autocast, the
+One step = aleph.train.step.train_step, what training runs: forward under autocast, the
 distillation loss outside it (on the fp32 embeddings), backward, gradient clipping, its one
 host sync, the AdamW step (fused on CUDA) and the schedule. Batches have mixed lengths
 (uniform in [--min-len, max_len] per row), trimmed to the batch's longest row as the token
-store does, or padded to max_len when compiled (loop.fixed_length), as the trainer does.
+store does, or padded to max_len when compiled (prefetch.fixed_length), as the trainer does.
 MFU = 6 x (non-embedding parameters) x tokens + 12 x n_layers x L^2 x d_model per sample
 (attention scores and values, forward + backward), over the GPU's dense bf16 peak
 (table below, or --peak-tflops); the optimiser step is not counted as model FLOPs. The
@@ -36,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aleph.model import ARMS, ModelConfig, build_model  # noqa: E402
 from aleph.train.config import resolve  # noqa: E402
 from aleph.train.distributed import World  # noqa: E402
-from aleph.train.loop import fixed_length, make_optimizer, make_scheduler, train_step  # noqa: E402
+from aleph.train.prefetch import fixed_length  # noqa: E402
+from aleph.train.step import train_step  # noqa: E402
+from aleph.train.trainer import step_trainer  # noqa: E402
 
 SMOKE = dict(vocab_size=400, max_len=32, d_model=64, n_layers=2, n_heads=4, ffn_dense=256,
              ffn_expert=64)
@@ -81,8 +83,8 @@ def measure(arm, shape, batch, steps, device, bf16=False, compile_=False, min_le
                         overrides=["smoke_data=true", "tokenizer=", f"bf16={str(bf16).lower()}"])
     model = build_model(cfg).to(device).train()
     run = torch.compile(model) if compile_ else model
-    opt = make_optimizer(model, train_cfg)
-    sched = make_scheduler(opt, train_cfg, steps + 4)
+    t = step_trainer(train_cfg, model, steps + 4, World(), device)
+    t.net = run
     g = torch.Generator().manual_seed(0)
     pad = cfg.max_len if compile_ else None
     pin = device.type == "cuda"
@@ -91,7 +93,7 @@ def measure(arm, shape, batch, steps, device, bf16=False, compile_=False, min_le
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def step(i: int) -> None:
-        train_step(run, opt, sched, *batches[i % 4], train_cfg, World(), i, device)
+        train_step(t, batches[i % 4])
 
     t0 = time.perf_counter()
     for i in range(3):  # warm-up (and compilation)

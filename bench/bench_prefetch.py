@@ -2,7 +2,7 @@
 
 Builds a real token store and a real streaming target store (synthetic captions and
 fp16 targets) in a temporary directory, then times, over the same batches of one data
-order with the trainer's own pieces (aleph.train.prefetch, aleph.train.loop.train_step):
+order with the trainer's own pieces (aleph.train.prefetch, aleph.train.step.train_step):
   gather    BatchSource.host alone (token ids, masks, target rows), per batch;
   compute   train_step alone on batches gathered beforehand;
   serial    gather then train_step, one after the other (the trainer before prefetch);
@@ -41,8 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aleph.model import ModelConfig, build_model  # noqa: E402
 from aleph.train.config import resolve  # noqa: E402
 from aleph.train.distributed import World  # noqa: E402
-from aleph.train.loop import DataOrder, make_optimizer, make_scheduler, train_step  # noqa: E402
-from aleph.train.prefetch import BatchSource, Prefetcher  # noqa: E402
+from aleph.train.prefetch import (  # noqa: E402
+    BatchSource,
+    DataOrder,  # noqa: E402
+    Prefetcher,
+)
+from aleph.train.step import train_step  # noqa: E402
+from aleph.train.trainer import step_trainer  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(400)]
 DIM = 768  # the E1 targets' width
@@ -92,9 +97,8 @@ def trainer(vocab: int, args, cfg):
         model = build_model(ModelConfig(
             arm="a2_dense", vocab_size=vocab, max_len=args.max_len, d_model=args.d_model,
             n_layers=args.layers, n_heads=4, ffn_dense=4 * args.d_model, out_dim=DIM))
-        opt = make_optimizer(model, cfg)
-        sched = make_scheduler(opt, cfg, args.steps + 1)
-        return lambda b: train_step(model, opt, sched, *b, cfg, world, 0, cpu)
+        t = step_trainer(cfg, model, args.steps + 1, world, cpu)
+        return lambda b: train_step(t, b)
     return make
 
 

@@ -396,16 +396,17 @@ def item_step_path(ctx: Ctx) -> Result:
     from aleph.train import checkpoint as ckpt
     from aleph.train.config import resolve
     from aleph.train.distributed import World
-    from aleph.train.loop import make_optimizer, make_scheduler, train_step
+    from aleph.train.step import train_step
+    from aleph.train.trainer import step_trainer
 
     dev = torch.device("cuda", 0)
     cfg = resolve("e1", arm="a1_anchored", overrides=["smoke_data=true", "tokenizer="])
     torch.manual_seed(0)
     model = build_model(ModelConfig(arm="a1_anchored", vocab_size=30522, n_layers=2)).to(dev)
-    opt = make_optimizer(model, cfg)
+    t = step_trainer(cfg, model, 10, World(), dev)
+    opt = t.opt
     if not opt.defaults.get("fused"):
         return Result("FAIL", "AdamW is not fused on CUDA")
-    sched = make_scheduler(opt, cfg, 10)
     state = ckpt.rng_state(dev)
     drawn = torch.rand(4, device=dev)
     restored = ckpt.set_rng_state(state, dev)
@@ -423,9 +424,8 @@ def item_step_path(ctx: Ctx) -> Result:
     if ids is None:
         return Result("FAIL", "the prefetched host batch is not page-locked")
     syncs = []
-    for step in range(3):  # the first steps create the optimiser state; count the last
-        syncs = _count_syncs(lambda k=step: train_step(model, opt, sched, ids, mask, target,
-                                                       cfg, World(), k, dev))
+    for _ in range(3):  # the first steps create the optimiser state; count the last
+        syncs = _count_syncs(lambda: train_step(t, (ids, mask, target)))
     if len(syncs) != 1:
         return Result("FAIL", f"{len(syncs)} host syncs in one train_step (expected 1): "
                       + "; ".join(syncs[:3]))
@@ -441,8 +441,7 @@ def _pinned_batch(dev):
     from aleph.data.tokens import build_token_store
     from aleph.targets import build_store
     from aleph.train.distributed import World
-    from aleph.train.loop import DataOrder
-    from aleph.train.prefetch import BatchSource, Prefetcher
+    from aleph.train.prefetch import BatchSource, DataOrder, Prefetcher
 
     root = Path(tempfile.mkdtemp(prefix="step-path-"))
     try:

@@ -32,7 +32,7 @@ from aleph.record.launch import (
     read_launches,
 )
 
-# The header is among the launch's first lines (aleph.train.session.Session.header);
+# The header is among the launch's first lines (aleph.train.trainer.build_trainer);
 # each item is a message that starts with its marker. Lines read `[<tag>] <UTC> <message>`.
 HEADER_LINES = 12
 HEADER_MARKERS = {

@@ -19,12 +19,79 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from aleph.env.hostinfo import meminfo_bytes
-from aleph.errors import StoreError
+from aleph.errors import ConfigError, StoreError
 from aleph.train.distributed import World
-from aleph.train.loop import DataOrder, bucket_width, fixed_length
+
+
+class DataOrder:
+    """Row order of every epoch: a permutation derived from (seed, epoch) only.
+
+    Because it is a pure function, the resume state needs only (epoch, batch index): the
+    permutation is recomputed, never stored. Each global batch is a contiguous slice of
+    the permutation; rank r takes the r-th contiguous part of that slice.
+    """
+
+    def __init__(self, seed: int, rows: int, global_batch: int) -> None:
+        self.seed, self.rows, self.global_batch = seed, rows, global_batch
+        # Drop the last incomplete batch: every step has the full global batch, so the
+        # InfoNCE negatives and the per-rank split are the same at every step.
+        self.steps_per_epoch = rows // global_batch
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"config field 'batch_size': {global_batch} exceeds the {rows} rows "
+                              "of the data; lower batch_size")
+        self._epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._epoch, self._perm = epoch, rng.permutation(self.rows)
+        return self._perm
+
+    def indices(self, epoch: int, batch: int, world: World) -> np.ndarray:
+        """Rows of global batch `batch` of `epoch` that this rank encodes, (B / W,)."""
+        start = batch * self.global_batch
+        local = self.global_batch // world.size
+        lo = start + world.rank * local
+        return self.permutation(epoch)[lo:lo + local]
+
+
+
+# --- batch length under torch.compile: a few widths, so dynamo compiles a few graphs
+
+LENGTH_MULTIPLE = 16
+"""Compiled batches are padded to a multiple of this (at most max_len)."""
+
+
+def bucket_width(width: int, max_len: int) -> int:
+    """The compiled batch width for a batch whose longest row is `width` tokens: the next
+    multiple of 16, at most max_len (few graph shapes, less padding than max_len always;
+    figures in bench/bench_lengths.py and docs/ARCHITECTURE.md)."""
+    return min(-(-width // LENGTH_MULTIPLE) * LENGTH_MULTIPLE, max_len)
+
+
+def fixed_length(ids: torch.Tensor, mask: torch.Tensor, length: int,
+                 pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad a (B, L') batch to (B, length) with pad_id / False (L' <= length).
+
+    Used when the model is compiled, with length = bucket_width(L', max_len):
+    `TokenStore.gather` trims each batch to its longest row, and every new L' could make
+    dynamo recompile; a few bucket widths bound the shapes it sees. The padded slots are
+    masked out exactly like the store's own padding.
+    """
+    width = ids.shape[1]
+    if width > length:
+        raise ValueError(f"batch length {width} exceeds max_len {length}")
+    if width == length:
+        return ids, mask
+    extra = length - width
+    return (torch.nn.functional.pad(ids, (0, extra), value=pad_id),
+            torch.nn.functional.pad(mask, (0, extra), value=False))
+
+
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """(ids (b, L) long, mask (b, L) bool, target (b, D))."""
@@ -37,7 +104,7 @@ class BatchSource:
                  fixed_len: bool) -> None:
         self.tokens, self.targets, self.order = tokens, targets, order
         self.world, self.device = world, device
-        self.fixed_len = fixed_len  # compiled model: bucketed lengths (loop.bucket_width)
+        self.fixed_len = fixed_len  # compiled model: bucketed lengths (bucket_width)
         self.pin = device.type == "cuda"
         self.mapped = MappedFiles(tokens, targets)
 

@@ -186,8 +186,7 @@ def check_shape(cfg: TrainConfig, rows: int, vocab_size: int, pad_id: int, dim: 
     from aleph.env.hostinfo import meminfo_bytes
     from aleph.model.encoder import check_fits
     from aleph.train.config import model_config
-    from aleph.train.loop import DataOrder
-
+    from aleph.train.prefetch import DataOrder
     DataOrder(cfg.seed, rows, cfg.batch_size)  # ConfigError naming batch_size
     check_fits(model_config(cfg, vocab_size, pad_id, dim), meminfo_bytes("MemAvailable"))
 

@@ -24,6 +24,7 @@ from aleph.errors import AlephError, ConfigError, RunLocked
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
 from aleph.record.launch import choose_action
+from aleph.record.layout import RunLayout
 from aleph.train import outputs, preflight
 from aleph.train.checkpoint import complete_steps
 from aleph.train.config import TrainConfig, check_same_run, to_dict
@@ -38,8 +39,9 @@ from aleph.train.identity import (  # noqa: F401  (run_dir_for: the trainer's ru
     run_dir_for,
     run_ref,
 )
-from aleph.train.loop import StopFlag, StopRequested
-from aleph.train.session import Session
+from aleph.train.loop import train_loop
+from aleph.train.signals import StopFlag, StopRequested
+from aleph.train.trainer import build_trainer
 
 
 def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = None,
@@ -129,57 +131,56 @@ def _lock_and_name(lock: RunLock, world: World) -> str:
 
 def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop: StopFlag,
             inputs: preflight.Inputs, tracer: Tracer, again: str | None = None) -> int:
-    name = f"{launch_id}.log" if world.is_main else f"{launch_id}.rank{world.rank}.log"
+    """Record the launch, build the trainer, train; one ending records, syncs and closes."""
+    layout = RunLayout(run_dir)
     tag = launch_id if world.is_main else f"{launch_id}/rank{world.rank}"
     # Only rank 0 echoes to the console: torchrun interleaves every rank's stdout.
-    log = LaunchLog(run_dir / LAUNCH_DIR / name, tag, echo=sys.stdout if world.is_main else None)
+    log = LaunchLog(layout.launch_log(launch_id, world.rank), tag,
+                    echo=sys.stdout if world.is_main else None)
     manifest = syncer = None
     code = provenance.code_record(tracer.files)  # the snapshot the tracer hashes
     # Rank 0's heartbeat (launches/<launch id>.heartbeat.json); other ranks only keep state.
-    beat = heartbeat.heartbeat_path(run_dir / LAUNCH_DIR, launch_id) if world.is_main else None
+    beat = heartbeat.heartbeat_path(layout.launches, launch_id) if world.is_main else None
     monitor = heartbeat.LaunchMonitor(beat, launch_id, cfg.heartbeat_seconds, tracer.in_this_thread)
+    exit_status, status, note, refused, error = 0, outputs.FAILED, "", False, None
+    where = "before the first step"
     try:
         if world.is_main:
             _check_config(run_dir, cfg, log)
             manifest = outputs.Manifest(run_dir, run_dir.name, cfg.arm, cfg.seed)
-            manifest.start_launch(launch_id, f"{LAUNCH_DIR}/{name}", world.size, code)
+            manifest.start_launch(launch_id, str(layout.launch_log(launch_id).relative_to(run_dir)),
+                                  world.size, code)
             monitor.start()
             syncer = _start_sync(cfg, run_dir, log, manifest)
         # The launch is on record: from here until the first step a signal interrupts at
         # once (raises StopRequested, also for a signal that came in meanwhile).
         stop.set_mode("interrupt")
-        session = Session(cfg, world, run_dir, launch_id, log, manifest, stop, inputs,
-                          code=code, monitor=monitor, tracer=tracer, syncer=syncer)
-        status, note = session.run()
+        trainer = build_trainer(cfg, world, run_dir, launch_id, log, manifest, stop, inputs,
+                                code, monitor, tracer, syncer)
+        status, note = train_loop(trainer)
+        where = f"step {trainer.pos.step} of {trainer.total_steps}"
     except StopRequested as e:
         stop.set_mode("flag")  # a signal during the bookkeeping below must not interrupt it
-        note = f"{e.signame} before the first step"
+        status, note = outputs.STOPPED, f"{e.signame} before the first step"
         log(f"stopped by {e.signame} in preflight (before the first step); nothing was trained "
             "in this launch; a build it interrupted is left unmarked as complete and a restart "
             "redoes it")
-        _end(manifest, monitor, tracer, launch_id, 0, outputs.STOPPED, note, False)
-        log(f"launch ended: stopped: {note}")
-        if world.is_main:
-            log(summary(run_dir, outputs.STOPPED, log.path, again))
-        _finish_sync(syncer)
-        log.close()
-        return 0
     except BaseException as e:
         stop.set_mode("flag")
-        code = e.exit_code if isinstance(e, AlephError) else (130 if isinstance(e, KeyboardInterrupt) else 1)
-        log(f"launch failed: {type(e).__name__}: {e}")
-        _end(manifest, monitor, tracer, launch_id, code, outputs.FAILED,
-             f"{type(e).__name__}: {e}", isinstance(e, AlephError))
-        _finish_sync(syncer)
-        log.close()
+        error, refused = e, isinstance(e, AlephError)
+        exit_status = e.exit_code if refused else (130 if isinstance(e, KeyboardInterrupt) else 1)
+        note = f"{type(e).__name__}: {e}"
+        log(f"launch failed: {note}")
         raise
-    _end(manifest, monitor, tracer, launch_id, 0, status, note, False)
-    log(f"launch ended: {status}{': ' + note if note else ''}")
-    if world.is_main:
-        log(summary(run_dir, status, log.path, again,
-                    f"step {session.pos.step} of {session.total_steps}"))
-    _finish_sync(syncer)
-    log.close()
+    finally:
+        _end(manifest, monitor, tracer, launch_id, exit_status, status, note, refused)
+        if error is None:
+            log(f"launch ended: {status}{': ' + note if note else ''}")
+            if world.is_main:
+                log(summary(run_dir, status, log.path, again, where))
+        if syncer is not None:  # the final sync, after the end is recorded (so the copy says how it ended)
+            syncer.finish()
+        log.close()
     return 0
 
 
@@ -190,15 +191,15 @@ def summary(run_dir: Path, status: str, log_path: Path, again: str | None,
     ref = run_ref(run_dir)
     lines = [f"summary: run {ref} {status} ({where}); run directory {run_dir}",
              f"  log of this launch: {log_path}",
-             f"  metrics: {run_dir / outputs.METRICS}; TensorBoard events: {run_dir / outputs.TB_DIR}"
+             f"  metrics: {RunLayout(run_dir).metrics}; TensorBoard events: {RunLayout(run_dir).tb}"
              " (`aleph tensorboard`)"]
     if status == outputs.COMPLETE:
-        lines += [f"  weights: {run_dir / 'weights' / 'final'}",
+        lines += [f"  weights: {RunLayout(run_dir).final_weights}",
                   f"  next: `aleph eval {ref}`, then `aleph report {ref}` (and other runs)"]
     else:
         lines.append(f"  resume: run the same command again (`{again or 'aleph train ...'}`); "
                      "it continues from the last resume state in checkpoints/")
-        saved = sorted((run_dir / "weights").glob("step-*"))
+        saved = sorted(RunLayout(run_dir).weights.glob("step-*"))
         if saved:
             lines.append(f"  or evaluate the newest saved weights now: `aleph eval {ref} "
                          f"--weights {saved[-1]}`")
@@ -214,12 +215,6 @@ def _start_sync(cfg: TrainConfig, run_dir: Path, log, manifest: outputs.Manifest
 
     return Syncer(run_dir, parse_destination(cfg.sync_to), cfg.sync_every_minutes, log,
                   on_synced=lambda result: manifest.record(sync=result.record()))
-
-
-def _finish_sync(syncer) -> None:
-    """The final sync, after the launch's end is recorded (so the copy says how it ended)."""
-    if syncer is not None:
-        syncer.finish()
 
 
 def _end(manifest: outputs.Manifest | None, monitor: heartbeat.LaunchMonitor, tracer: Tracer,
@@ -241,10 +236,10 @@ def _older_layout(cfg: TrainConfig, run_dir: Path) -> Path | None:
     """The directory an older aleph-e1 gave this run, when it differs from `run_dir`:
     before runs/<preset>/, every preset's runs were runs/<arm>-s<seed>."""
     old = run_dir.parents[1] / f"{cfg.arm}-s{cfg.seed}" if cfg.preset != TOP_LEVEL_PRESET else None
-    if old is None or run_dir.parent.name != cfg.preset or not (old / outputs.CONFIG).is_file():
+    if old is None or run_dir.parent.name != cfg.preset or not RunLayout(old).config.is_file():
         return None
     try:
-        return old if read_json(old / outputs.CONFIG).get("preset") == cfg.preset else None
+        return old if read_json(RunLayout(old).config).get("preset") == cfg.preset else None
     except ValueError:
         return None
 
@@ -267,7 +262,7 @@ def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:
     Written on the first launch. Until a resume state exists nothing has been trained, so
     a new config (say a smaller batch after a failed VRAM probe) replaces the old one.
     """
-    path = run_dir / outputs.CONFIG
+    path = RunLayout(run_dir).config
     if path.is_file():
         try:
             saved = read_json(path)

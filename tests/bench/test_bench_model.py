@@ -36,10 +36,10 @@ def test_peak_table_matches_the_most_specific_name(bm, name, peak):
 
 
 def test_a_measurement_runs_train_step_with_the_optimiser(bm, monkeypatch):
-    from aleph.train import loop
+    from aleph.train import step
 
     steps = []
-    real = loop.train_step
+    real = step.train_step
     monkeypatch.setattr(bm, "train_step", lambda *a, **k: steps.append(real(*a, **k)))
     shape = dict(bm.SMOKE, d_model=16, n_heads=2, ffn_dense=32, ffn_expert=8, n_layers=1)
     r = bm.measure("a1_anchored", shape, 8, 2, torch.device("cpu"), min_len=4)

@@ -112,7 +112,7 @@ def tiny_trainer():
 
     from aleph.model import ModelConfig, build_model
     from aleph.train.config import resolve
-    from aleph.train.loop import make_optimizer, make_scheduler
+    from aleph.train.optim import make_optimizer, make_scheduler
 
     cfg = resolve("smoke", arm="a2_dense")
     torch.manual_seed(0)

@@ -154,7 +154,7 @@ from aleph.model import ModelConfig, build_model
 from aleph.targets import build_store
 from aleph.train import checkpoint as ckpt
 from aleph.train.config import resolve
-from aleph.train.loop import make_optimizer, make_scheduler
+from aleph.train.optim import make_optimizer, make_scheduler
 
 run_dir, chunk = sys.argv[1], sys.argv[2]
 model = build_model(ModelConfig(arm="a2_dense", vocab_size=50, max_len=8, d_model=16,

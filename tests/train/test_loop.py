@@ -11,13 +11,10 @@ from aleph.model import ModelConfig, build_model
 from aleph.train import checkpoint as ckpt
 from aleph.train.config import resolve
 from aleph.train.distributed import World
-from aleph.train.loop import (
-    DataOrder,
-    lr_factor,
-    make_optimizer,
-    make_scheduler,
-    train_step,
-)
+from aleph.train.optim import lr_factor, make_optimizer
+from aleph.train.prefetch import DataOrder
+from aleph.train.step import train_step
+from aleph.train.trainer import step_trainer
 from tests.train.conftest import tiny_trainer
 
 
@@ -60,14 +57,16 @@ def test_matrices_decay_but_vectors_and_unit_anchors_do_not():
 
 def test_nonfinite_loss_stops_before_the_update():
     cfg, model, opt, sched = tiny_trainer()
+    t = step_trainer(cfg, model, 10)
+    t.pos = ckpt.Position(6, 0, 6, 24)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ids, mask = torch.randint(5, 50, (4, 8)), torch.ones(4, 8, dtype=torch.bool)
     target = torch.full((4, 768), float("nan"))
     with pytest.raises(NonFiniteError, match="step 7: loss is nan"):
-        train_step(model, opt, sched, ids, mask, target, cfg, World(), 6, torch.device("cpu"))
+        train_step(t, (ids, mask, target))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     good = torch.nn.functional.normalize(torch.randn(4, 768), dim=-1)
-    res = train_step(model, opt, sched, ids, mask, good, cfg, World(), 0, torch.device("cpu"))
+    res = train_step(t, (ids, mask, good))
     assert np.isfinite(res.loss) and res.grad_norm > 0
     assert not all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
@@ -89,7 +88,7 @@ def test_only_complete_checkpoints_count_and_two_are_kept(tmp_path):
 
 
 def test_eta_format_does_not_wrap_at_a_day():
-    from aleph.train.fit import fmt_duration
+    from aleph.train.progress import fmt_duration
 
     assert fmt_duration(59.6) == "00:01:00"
     assert fmt_duration(3 * 86400 + 3723) == "3d 01:02:03"
@@ -101,8 +100,10 @@ def test_nonfinite_gradient_stops_before_the_update():
     next(model.parameters()).register_hook(lambda g: g * float("inf"))  # finite loss, inf grad
     ids, mask = torch.randint(5, 50, (4, 8)), torch.ones(4, 8, dtype=torch.bool)
     good = torch.nn.functional.normalize(torch.randn(4, 768), dim=-1)
+    t = step_trainer(cfg, model, 10)
+    t.pos = ckpt.Position(2, 0, 2, 8)
     with pytest.raises(NonFiniteError, match=r"step 3: gradient norm is (inf|nan) \(loss \d"):
-        train_step(model, opt, sched, ids, mask, good, cfg, World(), 2, torch.device("cpu"))
+        train_step(t, (ids, mask, good))
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
@@ -130,8 +131,7 @@ def _token_store(tmp_path, max_len: int = 12):
 def test_compiled_batches_are_bucketed_to_16_and_trimmed_otherwise(tmp_path):
     from types import SimpleNamespace
 
-    from aleph.train.loop import bucket_width
-    from aleph.train.prefetch import BatchSource
+    from aleph.train.prefetch import BatchSource, bucket_width
 
     assert [bucket_width(w, 40) for w in (1, 16, 17, 33, 40)] == [16, 16, 32, 40, 40]
     tokens = _token_store(tmp_path, max_len=40)
@@ -156,7 +156,7 @@ def test_compiled_batches_are_bucketed_to_16_and_trimmed_otherwise(tmp_path):
 
 
 def test_fixed_length_refuses_a_batch_longer_than_max_len():
-    from aleph.train.loop import fixed_length
+    from aleph.train.prefetch import fixed_length
 
     ids, mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.bool)
     assert fixed_length(ids, mask, 5, 0)[0] is ids
@@ -168,7 +168,7 @@ def test_stop_flag_modes_with_real_signals():
     import os
     import signal
 
-    from aleph.train.loop import StopFlag, StopRequested
+    from aleph.train.signals import StopFlag, StopRequested
 
     before = signal.getsignal(signal.SIGTERM)
     stop = StopFlag("flag")
@@ -198,7 +198,7 @@ def test_a_signal_during_a_token_store_build_leaves_no_store(tmp_path):
 
     from aleph.data.tokenizer import load_tokenizer, train_wordpiece
     from aleph.data.tokens import build_token_store
-    from aleph.train.loop import StopFlag, StopRequested
+    from aleph.train.signals import StopFlag, StopRequested
 
     captions = [f"a cat number {i}" for i in range(64)]
     train_wordpiece(captions, tmp_path / "tok")
@@ -228,7 +228,7 @@ def test_a_signal_during_a_token_store_build_leaves_no_store(tmp_path):
 
 
 def test_position_advances_across_epochs_and_resumes_on_the_right_rows():
-    from aleph.train.fit import advance
+    from aleph.train.step import advance
 
     order = DataOrder(3, 70, 16)  # 4 full batches per epoch; 6 rows dropped each epoch
     pos, seen = ckpt.Position(0, 0, 0, 0), {0: [], 1: []}
@@ -310,15 +310,13 @@ def test_a_training_step_synchronises_with_the_host_once(arm):
     torch.manual_seed(0)
     model = build_model(ModelConfig(arm=arm, vocab_size=50, max_len=8, d_model=16, n_layers=2,
                                     n_heads=2, ffn_dense=32, ffn_expert=8))
-    opt = make_optimizer(model, cfg)
-    sched = make_scheduler(opt, cfg, 10)
+    t = step_trainer(cfg, model, 10)
     ids, mask = torch.randint(5, 50, (4, 8)), torch.ones(4, 8, dtype=torch.bool)
     mask[:, 6:] = False
     good = torch.nn.functional.normalize(torch.randn(4, 768), dim=-1)
-    cpu = torch.device("cpu")
-    train_step(model, opt, sched, ids, mask, good, cfg, World(), 0, cpu)  # optimiser state exists
-    with SyncCounter(s["step"] for s in opt.state.values()) as sync:
-        res = train_step(model, opt, sched, ids, mask, good, cfg, World(), 1, cpu)
+    train_step(t, (ids, mask, good))  # the optimiser state exists from here on
+    with SyncCounter(s["step"] for s in t.opt.state.values()) as sync:
+        res = train_step(t, (ids, mask, good))
     assert sync.calls == ["tolist"]
     assert all(isinstance(v, float) for v in (res.loss, res.nce, res.mse, res.grad_norm))
     with SyncCounter() as probe:  # the counter itself sees what it is meant to see
@@ -331,10 +329,9 @@ def test_a_training_step_synchronises_with_the_host_once(arm):
 def test_ranks_agree_on_stop_and_timed_save_every_16_steps_not_every_step():
     """Under DDP the agreement is a collective whose result the host reads (a sync)."""
     from dataclasses import dataclass, field
-    from types import SimpleNamespace
 
-    from aleph.train.fit import AGREE_EVERY_STEPS, Clock, after_step_saves
-    from aleph.train.loop import StopFlag
+    from aleph.train.loop import AGREE_EVERY_STEPS, Clock, after_step
+    from aleph.train.signals import StopFlag
 
     @dataclass(frozen=True)
     class Counting(World):
@@ -350,10 +347,10 @@ def test_ranks_agree_on_stop_and_timed_save_every_16_steps_not_every_step():
         agreed = []
         stop = StopFlag("flag")
         try:
+            t = step_trainer(cfg, tiny_trainer()[1], 32, world)
             for step in range(1, 33):
-                s = SimpleNamespace(cfg=cfg, pos=ckpt.Position(step, 0, step, 0), world=world,
-                                    total_steps=step)  # the last step: nothing is saved
-                saved, stopping = after_step_saves(s, stop, Clock(0.0))
+                t.pos, t.total_steps = ckpt.Position(step, 0, step, 0), step  # last: no save
+                saved, stopping = after_step(t, stop, Clock(0.0))
                 if stopping:
                     agreed.append(step)
         finally:

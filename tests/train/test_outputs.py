@@ -89,18 +89,14 @@ def test_a_restart_from_step_0_replaces_the_steps_of_a_launch_killed_before_any_
     assert tb_scalars(tmp_path)["train/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
 
 
-def _session_over(manifest, allow: bool):
-    """A Session with just what its resume input check reads."""
+def _check(manifest, allow: bool, now: dict, resumed: bool = True, lines=None):
+    """trainer.check_inputs_unchanged of a launch resuming from step 3 (or a fresh one)."""
     from aleph.train.config import resolve
-    from aleph.train.session import Session
+    from aleph.train.trainer import check_inputs_unchanged
 
-    s = Session.__new__(Session)
-    s.manifest, s.resume_from = manifest, "checkpoints/step-00000003"
-    s.launch_id, s.lines = "L2", []
-    s.log = s.lines.append
-    s.cfg = resolve("smoke", arm="a2_dense",
-                    overrides=[f"allow_input_change={str(allow).lower()}"])
-    return s
+    cfg = resolve("smoke", arm="a2_dense", overrides=[f"allow_input_change={str(allow).lower()}"])
+    return check_inputs_unchanged(cfg, manifest, "checkpoints/step-00000003" if resumed else None,
+                                  now, (lines if lines is not None else []).append, "L2")
 
 
 def _now(target: str, token_key: str, token_sha: str = "t" * 64) -> dict:
@@ -125,15 +121,15 @@ def test_inputs_check_reads_a_manifest_from_before_per_launch_records(tmp_path):
     assert m.trained_inputs() == {"from": "manifest.json target_store",
                                   "target_store": {"content_sha256": "a" * 64},
                                   "token_store": {"key": "k1"}}
-    assert _session_over(m, False)._check_inputs_unchanged(_now("a" * 64, "k1")) is None
+    assert _check(m, False, _now("a" * 64, "k1")) is None
     with pytest.raises(DataError, match=r"^inputs changed since this run last trained \(manifest"
                        r"\.json target_store\): token store key k1 \(trained on\) -> k2 \(this "
                        r"launch, /cache/tokens/k2\); refused: "):
-        _session_over(m, False)._check_inputs_unchanged(_now("a" * 64, "k2"))
-    s = _session_over(m, True)
-    allowed = s._check_inputs_unchanged(_now("b" * 64, "k2"))
+        _check(m, False, _now("a" * 64, "k2"))
+    lines = []
+    allowed = _check(m, True, _now("b" * 64, "k2"), lines=lines)
     assert [c["store"] for c in allowed["changes"]] == ["target_store", "token_store"]
-    assert len(s.lines) == 1 and "ALLOWED by allow_input_change=true" in s.lines[0]
+    assert len(lines) == 1 and "ALLOWED by allow_input_change=true" in lines[0]
     m.record_inputs(_now("b" * 64, "k2"), allowed)
     on_disk = json.loads((tmp_path / "manifest.json").read_text())
     record = on_disk["launches"][-1]["input_change_allowed"]
@@ -142,7 +138,6 @@ def test_inputs_check_reads_a_manifest_from_before_per_launch_records(tmp_path):
     m2 = Manifest(tmp_path, "r", "a2_dense", 0)
     m2.start_launch("L3", "launches/L3.log", 1)
     assert m2.trained_inputs()["from"] == "launch L2"
-    assert _session_over(m2, False)._check_inputs_unchanged(_now("b" * 64, "k2")) is None
-    fresh = _session_over(m2, False)
-    fresh.resume_from = None  # nothing trained is carried over: nothing to compare
-    assert fresh._check_inputs_unchanged(_now("c" * 64, "k9")) is None
+    assert _check(m2, False, _now("b" * 64, "k2")) is None
+    # a fresh start carries nothing trained over: nothing to compare
+    assert _check(m2, False, _now("c" * 64, "k9"), resumed=False) is None

@@ -13,9 +13,8 @@ import torch
 
 from aleph.train import checkpoint as ckpt
 from aleph.train.distributed import World
-from aleph.train.fit import advance
-from aleph.train.loop import DataOrder
-from aleph.train.prefetch import BatchSource, Prefetcher, next_position
+from aleph.train.prefetch import BatchSource, DataOrder, Prefetcher, next_position
+from aleph.train.step import advance
 
 
 class Targets:
@@ -109,7 +108,7 @@ from aleph.data.tokens import open_token_store
 from aleph.errors import StoreError
 from aleph.targets import open_store
 from aleph.train.distributed import World
-from aleph.train.loop import DataOrder
+from aleph.train.prefetch import DataOrder
 from aleph.train.prefetch import BatchSource, Prefetcher
 
 

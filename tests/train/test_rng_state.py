@@ -48,7 +48,7 @@ def test_a_state_saved_by_an_older_trainer_still_loads(tmp_path):
     """trainer.pt written with get_rng_state_all's list format stays readable."""
     from aleph.model import ModelConfig, build_model
     from aleph.train.config import resolve
-    from aleph.train.loop import make_optimizer, make_scheduler
+    from aleph.train.optim import make_optimizer, make_scheduler
 
     cfg = resolve("smoke", arm="a2_dense")
     model = build_model(ModelConfig(arm="a2_dense", vocab_size=50, max_len=8, d_model=16,

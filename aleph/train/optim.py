@@ -1,0 +1,49 @@
+"""The optimiser (AdamW, decay groups) and the learning-rate schedule (warmup, cosine)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from aleph.train.config import TrainConfig
+
+NO_DECAY_SUFFIXES = ("address.anchors",)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; matrices decay, vectors (norms, biases, gates) do not (as nanoGPT).
+
+    a1's anchors do not decay either: they are normalised before use, so decay would only
+    shrink their length and thereby speed up the drift of their direction, a push a3's
+    frozen anchors never get; a1 vs a3 must differ only in what the loss moves.
+
+    On CUDA the fused kernel (one launch for all parameters, step counters on the device,
+    no host read of them); on CPU the default single-tensor path, whose results the
+    bitwise resume tests pin (fused=True on CPU is a different kernel in torch 2.4).
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in named if p.ndim >= 2 and not n.endswith(NO_DECAY_SUFFIXES)]
+    other = [p for n, p in named if p.ndim < 2 or n.endswith(NO_DECAY_SUFFIXES)]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": other, "weight_decay": 0.0}]
+    cuda = all(p.is_cuda for _, p in named) and bool(named)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                             fused=True if cuda else None)
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine to min_ratio at `total` (step counts from 0)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    span = max(total - warmup, 1)
+    progress = min(max(step - warmup, 0) / span, 1.0)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_scheduler(opt, cfg: TrainConfig, total_steps: int):
+    warmup = min(cfg.warmup_steps, total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, warmup, total_steps, cfg.min_lr_ratio))
+
+
