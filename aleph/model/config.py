@@ -50,21 +50,22 @@ class ModelConfig:
     vocab_size: int
     """Rows of the token embedding; at least the tokenizer's vocabulary (30522 for bert-base-uncased)."""
     max_len: int = 128
-    """Longest input in tokens (position embeddings); 128 as in the E1 pilot."""
+    """Token length of every row: the position embeddings, and the padding/truncation of the
+    token store (128 as in the E1 pilot)."""
     d_model: int = 512
-    """Residual width."""
+    """Width of the encoder's residual stream (E1: 512)."""
     n_layers: int = 12
-    """Transformer blocks."""
+    """Encoder blocks (E1: 12)."""
     n_heads: int = 8
-    """Attention heads; must divide d_model."""
+    """Attention heads; must divide d_model (E1: 8)."""
     ffn_dense: int = 2048
-    """Hidden width of the a2 dense FFN."""
+    """Hidden width of the dense FFN of a2 (E1: 2048)."""
     ffn_expert: int = 512
-    """Hidden width of the trunk and of each dispatched expert (bank arms)."""
+    """Hidden width of the trunk and of each dispatched expert of the anchored bank (a1/a3; E1: 512)."""
     n_anchors: int = 3
-    """K: dispatched experts = anchors of the signed address (bank arms)."""
+    """K: dispatched experts = anchors of the signed address per bank (a1/a3; E1: 3)."""
     address_tau: float = 0.1
-    """Temperature of the address score u = cos(x, anchor) / tau."""
+    """Temperature of the signed aleph address score u = cos(x, anchor) / tau (E1: 0.1)."""
     gate_init: float = -3.0
     """Initial value of each expert's gate logit g_k (sigmoid(-3) ~ 0.047)."""
     init: str = "e1_orthogonal"
@@ -74,9 +75,12 @@ class ModelConfig:
     out_dim: int = 768
     """Width of the projected, L2-normalised sentence embedding (= target dim)."""
     dropout: float = 0.0
-    """Dropout on embeddings, attention probabilities and block outputs."""
+    """Dropout on embeddings, attention probabilities and block outputs. Training's default is
+    0.1: E1's value is not public, 0.1 (BERT's) is our choice. Multi-process runs follow the
+    one-process loss trajectory exactly only at 0 (each rank draws its own dropout masks)."""
     checkpointing: bool = False
-    """Per-block activation checkpointing in training (exclusive with torch.compile on torch 2.4)."""
+    """Per-block activation checkpointing in training (torch.utils.checkpoint, non-reentrant;
+    exclusive with torch.compile on torch 2.4, law 2)."""
     pad_id: int = 0
     """Token id of [PAD]; its embedding row is unused by pooling and attention."""
 

@@ -22,18 +22,11 @@ from aleph.errors import DataError
 from aleph.eval import rundir
 from aleph.eval.tasks import DISPLAY, E1_TASKS
 from aleph.report import published
+from aleph.train.config import OPERATIONAL
 
 NUMERIC = ("capability", "capability_dispatch_off", "toggle", "r_at_1", "cos_target", "erank")
 PROBE_KEYS = ("r_at_1", "cos_target", "erank")
-# config.json fields that do not change what a run learns (where it logs, how often it
-# saves, how it reads its data); every other field, arm and seed aside, defines the basis.
-OPERATIONAL = frozenset({
-    "arm", "seed", "hf_token", "heartbeat_seconds", "progress_every_seconds", "log_every_steps",
-    "ckpt_every_steps", "ckpt_every_minutes", "keep_checkpoints", "weights_every_steps",
-    "vram_probe", "vram_required_gib", "alloc_cap_fraction", "store_headroom_gib",
-    "store_implementation", "store_override", "allow_input_change", "captions", "targets",
-    "tokenizer", "sync_to", "sync_every_minutes",
-})
+# config.json fields that do not define the basis: declared at each field (train/config.py, knob)
 PUBLISHED_BASIS = "P"
 
 

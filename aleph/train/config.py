@@ -9,15 +9,12 @@ any work starts. The resolved config is written to the run directory before step
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
-import re
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from aleph._io import load_yaml, read_bounded, short_repr
+from aleph._io import short_repr
 from aleph.env import laws
 from aleph.errors import ConfigError
 from aleph.model.config import ARMS, INIT_BEFORE_FIELD, INIT_SCHEMES
@@ -25,171 +22,184 @@ from aleph.sync.dest import check_spec
 
 STORE_IMPLEMENTATIONS = ("auto", "streaming", "in_ram")
 DEVICES = ("auto", "cpu", "cuda")
-SECRET_FIELDS = ("hf_token",)
 REDACTED = "<redacted>"
+_NOT_ADDED = object()
+
+
+def knob(default: Any, *, resumable: bool, basis: bool, added: Any = _NOT_ADDED,
+         secret: bool = False):
+    """A TrainConfig field with its facts, declared where the field is:
+    resumable: may change between launches of one run (check_same_run lets it);
+    basis: defines which runs compare (`aleph report`: equal values, arm and seed aside);
+    added: the value a config.json written before the field existed ran with;
+    secret: never written to a file, log or echo."""
+    facts = {"resumable": resumable, "basis": basis, "secret": secret}
+    if added is not _NOT_ADDED:
+        facts["added"] = added
+    return field(default=default, metadata=facts)
+
+
+# ModelConfig fields TrainConfig does not carry: they come from the data (or, arm, from above).
+MODEL_FIELDS_FROM_DATA = ("vocab_size", "pad_id", "out_dim")
+MODEL_TRAIN_DEFAULTS = {"dropout": 0.1}
+"""Where training's default differs from ModelConfig's (dropout: E1's value is not public,
+0.1 (BERT's) is our choice; ModelConfig's 0 is inference's)."""
+MODEL_ADDED = {"init": INIT_BEFORE_FIELD}
+
+
+def _with_model_fields(cls):
+    """Give TrainConfig every shape field of ModelConfig (type, default, docstring come from
+    there), after `allow_input_change`: one declaration, so a new model field needs no copy."""
+    from aleph.model.config import ModelConfig
+
+    annotations = {}
+    for name, ann in cls.__annotations__.items():
+        annotations[name] = ann
+        if name != "allow_input_change":
+            continue
+        for f in fields(ModelConfig):
+            if f.name in (*MODEL_FIELDS_FROM_DATA, "arm"):
+                continue
+            annotations[f.name] = f.type
+            extra = {"added": MODEL_ADDED[f.name]} if f.name in MODEL_ADDED else {}
+            setattr(cls, f.name, knob(MODEL_TRAIN_DEFAULTS.get(f.name, f.default),
+                                      resumable=False, basis=True, **extra))
+    cls.__annotations__ = annotations
+    return cls
 
 
 @dataclass(frozen=True)
+@_with_model_fields
 class TrainConfig:
     """Every knob of one training run; see docs on each field."""
 
     # --- identity -------------------------------------------------------------------
-    arm: str = "a2_dense"
+    arm: str = knob("a2_dense", resumable=False, basis=False)
     """Model arm: a1_anchored (learned anchors), a2_dense (dense control), a3_random (frozen anchors)."""
-    seed: int = 0
+    seed: int = knob(0, resumable=False, basis=False)
     """Seed of the model init, the data order (permutation of epoch e derives from (seed, e)) and dropout."""
-    preset: str = "e1"
+    preset: str = knob("e1", resumable=False, basis=True)
     """Name of the preset the config started from. It names the run directory (e1 runs are
     runs/<arm>-s<seed>, any other preset's runs/<preset>/<arm>-s<seed>) and, for e1, makes
     768-wide targets required unless target_dim says otherwise."""
 
     # --- data -----------------------------------------------------------------------
-    smoke_data: bool = False
+    smoke_data: bool = knob(False, resumable=False, basis=True)
     """Use the embedded, generated smoke data under <work>/data/smoke-<smoke_rows> (offline). Then captions,
     targets and tokenizer must be left empty: they come from the smoke data."""
-    smoke_rows: int = 4096
+    smoke_rows: int = knob(4096, resumable=False, basis=True)
     """Rows of the generated smoke data (only with smoke_data); each size has its own directory."""
-    captions: str = ""
+    captions: str = knob("", resumable=False, basis=False)
     """Caption source: a text/jsonl/json/parquet file or a HF dataset id (row i pairs with target row i)."""
-    captions_column: str = "caption"
+    captions_column: str = knob("caption", resumable=False, basis=True)
     """Field (JSON/JSONL), column (parquet) or dataset column holding the caption text."""
-    targets: tuple[str, ...] = ()
+    targets: tuple[str, ...] = knob((), resumable=False, basis=False)
     """Target sources: the chunk files (or one directory of them) of the 768-d teacher consensus."""
-    target_dim: int = 0
+    target_dim: int = knob(0, resumable=False, basis=True, added=0)
     """Width the targets must have: 0 = 768 (E1's teacher consensus) for the e1 preset, any
     width for other presets; set it to train an e1 arm on targets of another width on purpose."""
-    tokenizer: str = "bert-base-uncased"
+    tokenizer: str = knob("bert-base-uncased", resumable=False, basis=False)
     """Tokenizer name (HF hub) or local directory; copied into the run directory. Empty with
     smoke_data: the smoke data's own tokenizer."""
-    hf_token: str | None = None
+    hf_token: str | None = knob(None, resumable=True, basis=False, secret=True)
     """Token for gated HF downloads of captions or tokenizer, exported as HF_TOKEN for
     huggingface_hub (secret: redacted in every echo and in config.json)."""
-    store_implementation: str = "auto"
+    store_implementation: str = knob("auto", resumable=True, basis=False)
     """Target store: 'auto' lets the store's quota planner choose (choice and reason are logged),
     or force 'streaming' (memmap) or 'in_ram'."""
-    store_headroom_gib: float = 16.0
+    store_headroom_gib: float = knob(16.0, resumable=True, basis=False)
     """Memory the target store planner keeps free beside the store for the rest of the process
     (CUDA context, model and optimiser host copies, token store, interpreter), in GiB: an
     implementation is allowed when its predicted peak <= memory limit - headroom. Capped at a
     quarter of the memory limit (aleph/targets/plan.py), which binds only below 64 GiB."""
-    store_override: bool = False
+    store_override: bool = knob(False, resumable=True, basis=False)
     """Build the store_implementation given (streaming or in_ram) even when the quota planner
     refuses it, e.g. to replay the seed's a1 in-RAM store inside the full envelope; the
     override and the plan's reason are logged. Without it such a launch exits 2."""
-    allow_input_change: bool = False
+    allow_input_change: bool = knob(False, resumable=True, basis=False)
     """Let a resumed launch continue although its target or token store's content differs from
     what the run trained on so far (refused by default, naming both content hashes). The change
     is logged and recorded in this launch's manifest.json entry (input_change_allowed)."""
 
-    # --- model shape ----------------------------------------------------------------
-    max_len: int = 128
-    """Token length of every row (padded/truncated when the token store is built)."""
-    d_model: int = 512
-    """Width of the encoder (E1: 512)."""
-    n_layers: int = 12
-    """Encoder blocks (E1: 12)."""
-    n_heads: int = 8
-    """Attention heads (E1: 8)."""
-    ffn_dense: int = 2048
-    """Hidden width of the dense FFN of a2 (E1: 2048)."""
-    ffn_expert: int = 512
-    """Hidden width of the trunk and of each expert of the anchored bank (a1/a3; E1: 512)."""
-    n_anchors: int = 3
-    """Anchors (= dispatched experts) per bank (E1: 3)."""
-    address_tau: float = 0.1
-    """Temperature of the signed aleph address (E1: 0.1)."""
-    gate_init: float = -3.0
-    """Initial expert gate logit (sigmoid(-3) ~ 0.047)."""
-    init: str = "e1_orthogonal"
-    """Weight init scheme: 'e1_orthogonal' (the public E1-form bank's orthogonal init; a2's FFN
-    and the attention/projection orthogonal too, our choice) or 'normal_0.02' (the former
-    BERT-style init). aleph.model.config.INIT_SCHEMES says which matrix gets what and why."""
-    dropout: float = 0.1
-    """Dropout inside the encoder. E1's value is not public: 0.1 (BERT's) is our choice.
-    Multi-process runs follow the one-process loss trajectory exactly only at 0 (each rank
-    draws its own dropout masks)."""
-
     # --- objective ------------------------------------------------------------------
-    tau: float = 0.07
+    tau: float = knob(0.07, resumable=False, basis=True)
     """InfoNCE temperature of the distillation loss."""
-    w_nce: float = 1.0
+    w_nce: float = knob(1.0, resumable=False, basis=True)
     """Weight of the symmetric InfoNCE term."""
-    w_mse: float = 1.0
+    w_mse: float = knob(1.0, resumable=False, basis=True)
     """Weight of the per-sample MSE-to-target term."""
 
     # --- optimisation ---------------------------------------------------------------
-    batch_size: int = 256
+    batch_size: int = knob(256, resumable=False, basis=True)
     """GLOBAL batch (rows per optimiser step, summed over all ranks; each rank takes
     batch_size / world_size). The InfoNCE negatives are the whole global batch. E1's value is
     not public: 256 is our choice."""
-    lr: float = 5e-4
+    lr: float = knob(5e-4, resumable=False, basis=True)
     """Peak AdamW learning rate, the same for any world size (the global batch is fixed).
     E1's value is not public: 5e-4 is our choice for a 12x512 encoder at batch 256."""
-    weight_decay: float = 0.01
+    weight_decay: float = knob(0.01, resumable=False, basis=True)
     """AdamW decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = knob((0.9, 0.999), resumable=False, basis=True)
     """AdamW betas."""
-    eps: float = 1e-8
+    eps: float = knob(1e-8, resumable=False, basis=True)
     """AdamW epsilon."""
-    warmup_steps: int = 2000
+    warmup_steps: int = knob(2000, resumable=False, basis=True)
     """Linear warmup steps: step k < warmup uses lr * (k+1)/warmup. Then cosine decay that reaches
     min_lr_ratio * lr at the end of the schedule (the last step itself is one cosine step above it)."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = knob(0.0, resumable=False, basis=True)
     """Floor of the cosine decay, as a fraction of lr."""
-    grad_clip: float = 1.0
+    grad_clip: float = knob(1.0, resumable=False, basis=True)
     """Clip the global grad norm to this (0 disables clipping; the norm is still checked finite)."""
-    epochs: int = 4
+    epochs: int = knob(4, resumable=False, basis=True)
     """Passes over the rows (E1: 4). The last incomplete global batch of each epoch is dropped."""
-    max_steps: int = 0
+    max_steps: int = knob(0, resumable=False, basis=True)
     """Stop after this many optimiser steps (0 = all epochs). The schedule still spans all epochs
     unless max_steps is smaller, in which case it spans max_steps."""
 
     # --- execution ------------------------------------------------------------------
-    device: str = "auto"
+    device: str = knob("auto", resumable=True, basis=True)
     """'auto' (CUDA when available), 'cpu' or 'cuda'."""
-    bf16: bool = True
+    bf16: bool = knob(True, resumable=False, basis=True)
     """bf16 autocast of the forward pass on CUDA (ignored on CPU, where it is always fp32)."""
-    compile: bool = False
+    compile: bool = knob(False, resumable=False, basis=True)
     """torch.compile the model in place. Exclusive with checkpointing on torch 2.4 (law 2)."""
-    checkpointing: bool = False
-    """Per-block activation checkpointing (torch.utils.checkpoint, non-reentrant)."""
-    alloc_cap_fraction: float | None = None
+    alloc_cap_fraction: float | None = knob(None, resumable=True, basis=False)
     """torch.cuda.set_per_process_memory_fraction for the training GPU (None = no cap)."""
-    vram_probe: bool = True
+    vram_probe: bool = knob(True, resumable=True, basis=False)
     """Require the VRAM probe to pass on CUDA (free memory >= vram_required_gib) before building."""
-    vram_required_gib: float = 0.0
+    vram_required_gib: float = knob(0.0, resumable=True, basis=False)
     """Free GPU memory the run needs; 0 = estimate from parameters, optimiser state and batch."""
-    num_threads: int = 0
+    num_threads: int = knob(0, resumable=True, basis=True)
     """torch CPU threads (0 = torch's default)."""
-    deterministic: bool = False
+    deterministic: bool = knob(False, resumable=False, basis=True)
     """torch.use_deterministic_algorithms(True): bitwise-repeatable runs (slower on CUDA; sets
     CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set, as cuBLAS requires)."""
 
     # --- cadence --------------------------------------------------------------------
-    ckpt_every_steps: int = 2000
+    ckpt_every_steps: int = knob(2000, resumable=True, basis=False)
     """Write resume state every this many steps (0 = never by step count)."""
-    ckpt_every_minutes: float = 30.0
+    ckpt_every_minutes: float = knob(30.0, resumable=True, basis=False)
     """Also write resume state when this many minutes passed since the last one (0 = never)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = knob(2, resumable=True, basis=False)
     """Complete resume states kept (at least 2, so a torn newest one still leaves one)."""
-    weights_every_steps: int = 0
+    weights_every_steps: int = knob(0, resumable=True, basis=False)
     """Export periodic weights to weights/step-N every this many steps (0 = final only)."""
-    log_every_steps: int = 50
+    log_every_steps: int = knob(50, resumable=True, basis=False)
     """TensorBoard scalar cadence in steps (health gauges at the same cadence)."""
-    progress_every_seconds: float = 30.0
+    progress_every_seconds: float = knob(30.0, resumable=True, basis=False)
     """Console progress/ETA line cadence."""
-    heartbeat_seconds: float = 5.0
+    heartbeat_seconds: float = knob(5.0, resumable=True, basis=False)
     """Rewrite launches/<launch id>.heartbeat.json (step, RSS, memory cgroup usage, limit and
     OOM-kill counter) every this many seconds, so the next launch can say how a launch that
     vanished ended (e.g. "likely killed by the cgroup OOM killer at X of Y bytes")."""
 
     # --- off-box sync (aleph.sync) -------------------------------------------------------
-    sync_to: str = ""
+    sync_to: str = knob("", resumable=True, basis=False, added="")
     """Where the run is copied while it trains, so a lost VM loses little: empty = off;
     hf:<namespace>/<repo> (a hub model repo, created private; token from HF_TOKEN or hf_token,
     never written to any file or log) or an existing directory as an absolute path (a mounted
     bucket, NFS share, second disk). `aleph runs pull` restores the run elsewhere."""
-    sync_every_minutes: float = 30.0
+    sync_every_minutes: float = knob(30.0, resumable=True, basis=False, added=30.0)
     """Least minutes between two syncs while training, each after a complete resume state
     (0 = after every one); a final sync comes at the end and at a stop. A lost VM loses at
     most this much training, rounded up to the next resume state."""
@@ -326,140 +336,11 @@ def field_names() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
 
 
-CONFIG_MAX_BYTES = 1 << 20  # a config is a flat mapping of ~60 fields: a few KiB
-
-
-def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a flat JSON or YAML mapping of field names; errors name the file.
-
-    The file must be a regular file of at most CONFIG_MAX_BYTES; YAML aliases are refused.
-    """
-    path = Path(path)
-    try:
-        text = read_bounded(path, CONFIG_MAX_BYTES).decode("utf-8")
-    except OSError as e:
-        raise ConfigError(f"config file {path}: cannot read ({e.strerror})") from e
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path}: not UTF-8 text") from None
-    kind = path.suffix.lstrip(".") or "json"
-    try:
-        data = load_yaml(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"config file {path}: not valid {kind} at line {e.lineno}, column "
-                          f"{e.colno}: {e.msg}") from None
-    except Exception as e:  # yaml.YAMLError: one line from its mark, not its multi-line dump
-        raise ConfigError(f"config file {path}: not valid {kind}{_yaml_where(e)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: expected a mapping of field names, got {type(data).__name__}")
-    return data
-
-
-def _yaml_where(e: Exception) -> str:
-    """' at line L, column C: <problem> (<context>)' of a PyYAML error, 1-based, one line."""
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    problem = getattr(e, "problem", None) or " ".join(str(e).split())
-    context = getattr(e, "context", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{where}: {problem}" + (f" ({context})" if context else "")
-
-
-# A decimal number as people write it. YAML 1.1 (PyYAML) reads "1e-3" and "5e-4" as
-# *strings* (its float pattern wants a dot and a signed exponent), so numbers are taken
-# from the text by the field's declared type, not by YAML's guess.
-_NUMBER = re.compile(r"[+-]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-_ANNOTATIONS = {f.name: f.type for f in fields(TrainConfig)}
-
-
-def _as_float(value: Any) -> Any:
-    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        return float(value.strip().replace("_", ""))
-    return value
-
-
-def coerce_field(key: str, value: Any, raw: str | None = None) -> Any:
-    """`value` (parsed from YAML, or `raw` text of a --set) as field `key` declares it.
-
-    Float fields accept any decimal spelling ("1e-3" included); string fields keep the text
-    as written ("--set captions_column=2024" is the string "2024"); the two-float tuple
-    accepts "0.9,0.98". Anything else is left for the type check to report, naming the field.
-    """
-    ann = _ANNOTATIONS.get(key)
-    if ann in ("float", "float | None"):
-        return _as_float(value)
-    if ann in ("str", "str | None") and raw is not None and not isinstance(value, str):
-        if value is None and ann == "str | None":
-            return None
-        return raw.strip()
-    if ann == "tuple[float, float]":
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",")]
-        if isinstance(value, list | tuple):
-            return [_as_float(v) for v in value]
-    if ann == "tuple[str, ...]" and isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return value
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """'key=value' -> (key, value); the value is parsed as YAML (so true, null, [a, b] work),
-    then coerced to the field's declared type (so 1e-3 is a float, 2024 for a string field
-    is the string "2024"; see coerce_field)."""
-    import yaml
-
-    key, sep, raw = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"override {short_repr(item)}: expected key=value")
-    try:
-        value = load_yaml(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key, coerce_field(key, value, raw)
-
-
-def _with_suggestion(key: str, known: set[str]) -> str:
-    """`key`, with "(did you mean 'x'?)" when a known field is spelt close to it."""
-    close = difflib.get_close_matches(key, sorted(known), n=1)
-    return f"{key} (did you mean {close[0]!r}?)" if close else key
-
-
-def field_docs() -> dict[str, str]:
-    """Field name -> its docstring (the string literal under the field in TrainConfig),
-    read from this module's source: the documentation `aleph train --help` prints."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(TrainConfig))
-    body = tree.body[0].body
-    docs = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
-            docs[node.target.id] = " ".join(after.value.value.split())
-    return docs
-
-
-def fields_help() -> str:
-    """One entry per config field: name, type, default (the e1 values; the smoke preset's
-    where it differs) and the first sentence of its docstring."""
-    docs = field_docs()
-    smoke = PRESETS["smoke"]
-    out = ["config fields (set with --set KEY=VALUE or a --config file; default = the e1 "
-           "preset's, [smoke: ...] where the smoke preset differs):"]
-    for f in fields(TrainConfig):
-        default = f.default
-        alt = f" [smoke: {smoke[f.name]!r}]" if f.name in smoke and smoke[f.name] != default else ""
-        doc = docs.get(f.name, "")
-        first = re.split(r"(?<=\.)\s+(?=[A-Z])", doc, maxsplit=1)[0]  # not after "e.g."
-        out.append(f"  {f.name} ({f.type}) = {default!r}{alt}")
-        out.append(f"      {first}")
-    return "\n".join(out)
-
-
 def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | None = None,
             **direct: Any) -> TrainConfig:
     """Build the frozen config; unknown keys raise ConfigError naming them."""
+    from aleph.train.config_text import coerce_field, load_file, parse_override, with_suggestion
+
     if preset not in PRESETS:
         raise ConfigError(f"preset {preset!r}: expected one of {', '.join(PRESETS)}")
     values: dict[str, Any] = dict(PRESETS[preset])
@@ -474,22 +355,17 @@ def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | 
         unknown = sorted(set(layer) - known)
         if unknown:
             raise ConfigError(f"{origin}: unknown config field(s) "
-                              f"{', '.join(_with_suggestion(k, known) for k in unknown)}; "
+                              f"{', '.join(with_suggestion(k, known) for k in unknown)}; "
                               "`aleph train --help` lists every field")
         values.update(layer)
     return TrainConfig(**values)
 
 
-# ModelConfig fields that come from the data, not from the training config.
-MODEL_FIELDS_FROM_DATA = ("vocab_size", "pad_id", "out_dim")
-
-
 def model_config(cfg: TrainConfig, vocab_size: int, pad_id: int, out_dim: int = 768):
     """The ModelConfig of a run: every model field of the same name, plus the data's sizes.
 
-    TrainConfig repeats the model's shape fields flat (so `--set d_model=...` works and the
-    training defaults, e.g. dropout, can differ); copying them by name means a new model
-    field needs no third place, and a test checks no model field is left unmapped.
+    TrainConfig carries the model's shape fields flat (so `--set d_model=...` works), derived
+    from ModelConfig (`_with_model_fields`), so they are copied here by name.
     """
     from aleph.model.config import ModelConfig
 
@@ -516,22 +392,20 @@ def echo(cfg: TrainConfig) -> str:
     return json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"))
 
 
-# Fields that may change between launches of one run: they do not change what the run
-# trains, but num_threads and device change the floating-point rounding (each launch records
-# its execution facts; `aleph runs diff` names such a change as not bitwise comparable).
-RESUMABLE_CHANGES = frozenset({
-    "ckpt_every_steps", "ckpt_every_minutes", "keep_checkpoints", "weights_every_steps",
-    "log_every_steps", "progress_every_seconds", "alloc_cap_fraction", "vram_probe",
-    "vram_required_gib", "num_threads", "hf_token", "device", "store_implementation",
-    "allow_input_change", "heartbeat_seconds", "store_headroom_gib", "store_override",
-    "sync_to", "sync_every_minutes",
-})
+def _facts(name: str) -> dict[str, Any]:
+    return {f.name: f.metadata[name] for f in fields(TrainConfig) if name in f.metadata}
 
 
-# Fields added after run directories had been recorded, with the value that a config.json
-# written without them ran with (read so by check_same_run and `aleph runs diff`).
-ADDED_FIELDS: dict[str, Any] = {"init": INIT_BEFORE_FIELD, "target_dim": 0, "sync_to": "",
-                                "sync_every_minutes": 30.0}
+RESUMABLE_CHANGES = frozenset(k for k, v in _facts("resumable").items() if v)
+"""Fields that may change between launches of one run: they do not change what the run
+trains, but num_threads and device change the floating-point rounding (each launch records
+its execution facts; `aleph runs diff` names such a change as not bitwise comparable)."""
+OPERATIONAL = frozenset(k for k, v in _facts("basis").items() if not v)
+"""Fields that do not define a run's comparability basis (arm and seed are compared apart)."""
+ADDED_FIELDS: dict[str, Any] = _facts("added")
+"""Fields added after run directories had been recorded, with the value that a config.json
+written without them ran with (read so by check_same_run and `aleph runs diff`)."""
+SECRET_FIELDS = tuple(k for k, v in _facts("secret").items() if v)
 
 
 def with_added_fields(saved: dict[str, Any]) -> dict[str, Any]:
@@ -552,4 +426,4 @@ def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
 
 
 __all__ = ["TrainConfig", "PRESETS", "ARMS", "resolve", "to_dict", "echo", "check_same_run",
-           "field_names", "field_docs", "fields_help", "load_file", "parse_override"]
+           "field_names"]

@@ -229,7 +229,8 @@ def test_help_lists_every_field_with_type_and_default(capsys):
     from dataclasses import fields
 
     from aleph.cli import main
-    from aleph.train.config import TrainConfig, field_docs
+    from aleph.train.config import TrainConfig
+    from aleph.train.config_text import field_docs
 
     with pytest.raises(SystemExit) as done:
         main(["train", "--help"])
@@ -292,3 +293,34 @@ def test_a_run_recorded_before_target_dim_resumes():
     check_same_run(saved, resolve("smoke", arm="a2_dense"))
     with pytest.raises(ConfigError, match="target_dim: run has 0, launch asks 512"):
         check_same_run(saved, resolve("smoke", arm="a2_dense", overrides=["target_dim=512"]))
+
+
+def test_every_field_declares_its_facts_where_it_is_declared():
+    """resumable and basis on every field (knob); the derived lists agree with them."""
+    from dataclasses import fields
+
+    from aleph.model.config import ModelConfig
+    from aleph.train.config import (
+        ADDED_FIELDS,
+        MODEL_FIELDS_FROM_DATA,
+        OPERATIONAL,
+        RESUMABLE_CHANGES,
+        SECRET_FIELDS,
+        TrainConfig,
+    )
+
+    for f in fields(TrainConfig):
+        assert {"resumable", "basis", "secret"} <= set(f.metadata), f"{f.name}: use knob(...)"
+    assert {f.name for f in fields(TrainConfig) if f.metadata["resumable"]} == RESUMABLE_CHANGES
+    assert "hf_token" in SECRET_FIELDS and "hf_token" in RESUMABLE_CHANGES & OPERATIONAL
+    assert {"ckpt_every_steps", "device", "sync_to"} <= RESUMABLE_CHANGES
+    assert {"lr", "d_model", "init", "batch_size"}.isdisjoint(RESUMABLE_CHANGES | OPERATIONAL)
+    assert ADDED_FIELDS["init"] == "normal_0.02" and ADDED_FIELDS["target_dim"] == 0
+    # the shape fields are ModelConfig's, not a copy: one more model field is one more here
+    shape = {f.name for f in fields(ModelConfig)} - set(MODEL_FIELDS_FROM_DATA)
+    assert shape <= {f.name for f in fields(TrainConfig)}
+    model = {f.name: f for f in fields(ModelConfig)}
+    for f in fields(TrainConfig):
+        if f.name in model and f.name != "arm":
+            assert f.type == model[f.name].type
+            assert f.default == (0.1 if f.name == "dropout" else model[f.name].default), f.name

@@ -58,7 +58,7 @@ def test_a_yaml_alias_bomb_is_refused_at_its_first_alias(train_work, tmp_path):
 
 
 def test_an_alias_in_a_set_value_is_not_expanded():
-    from aleph.train.config import parse_override
+    from aleph.train.config_text import parse_override
 
     key, value = parse_override("run_note=&a [*a]")
     assert key == "run_note" and value == "&a [*a]"  # left as text for the type check
