@@ -13,6 +13,7 @@ import json
 import os
 import re
 import socket
+import stat
 import sys
 import threading
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from aleph._io import RUNS_DIR, work_root
-from aleph.errors import ConfigError, RunLocked
+from aleph.errors import ConfigError, DataError, RunLocked
 from aleph.record.provenance import (  # noqa: F401  (code provenance lives there; re-exported)
     code_revision,
     package_dir,
@@ -120,8 +121,18 @@ class RunLock:
     def acquire(self) -> None:
         """Take the lock or raise RunLocked naming the holder; writes nothing else."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # O_RDWR without O_TRUNC: a losing launch must not blank the holder's description.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # O_RDWR without O_TRUNC: a losing launch must not blank the holder's description;
+        # O_NOFOLLOW: a run.lock planted as a link (a pulled or shared run) is never written
+        # through; O_NONBLOCK: a FIFO there cannot hang the open.
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            raise DataError(f"{self.path}: cannot take the run lock ({e.strerror}); expected a "
+                            "regular file the trainer writes (remove it if it is a link)") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise DataError(f"{self.path}: not a regular file; expected the run lock the trainer "
+                            "writes (remove it)")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

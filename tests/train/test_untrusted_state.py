@@ -178,3 +178,21 @@ def test_a_relaunch_removes_only_what_the_trainer_writes(tmp_path):
     assert [p.name for p in ckpt.complete_steps(tmp_path)] == ["step-00000003"]
     assert ckpt.prune(tmp_path, 0) == ["step-00000003"]
     assert (victim / "keep.txt").is_file()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_planted_run_lock_is_never_written_through(tmp_path, kind):
+    from aleph.errors import DataError
+    from aleph.train.identity import RunLock
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    run = tmp_path / "run"
+    run.mkdir()
+    if kind == "symlink":
+        (run / "run.lock").symlink_to(victim)
+    else:
+        os.mkfifo(run / "run.lock")
+    with pytest.raises(DataError, match="run.lock"):
+        RunLock(run).acquire()
+    assert victim.read_text() == "precious"
