@@ -18,6 +18,9 @@ from aleph._io import RUNS_DIR
 from aleph.errors import AlephError
 
 SCHEMA = "aleph-sync/1"
+INDEX_MAX = 8 << 20
+"""Largest index read (8 MiB): an index holds one ~150-byte entry per file, so this is some
+50,000 files, a hundred times what a run syncs; a larger one is refused, not parsed."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

@@ -37,9 +37,6 @@ from aleph.sync.select import Item
 OBJECTS, INDEXES = "objects", "indexes"
 KEEP = 2
 """Snapshots kept per run: the newest, and the one a pull that started just before it reads."""
-INDEX_MAX = 8 << 20
-"""Largest index read (8 MiB): an index holds one ~150-byte entry per file, so this is some
-50,000 files, a hundred times what a run syncs; a larger one is refused, not parsed."""
 _CHUNK = 8 << 20
 _OBJECT, _SUB = re.compile(r"[0-9a-f]{64}"), re.compile(r"[0-9a-f]{2}")
 _INDEX = re.compile(r"[0-9]{8}\.json")
@@ -97,19 +94,19 @@ class DirDestination(Destination):
         with self.tree.dir(f"{run}/{INDEXES}") as dfd:
             try:
                 fd = None if dfd is None else self.tree.open_regular(
-                    dfd, name, rel, most=INDEX_MAX, expected=f"a regular file of at most "
-                    f"{INDEX_MAX:,} B (the cap on an index)")
+                    dfd, name, rel, most=ix.INDEX_MAX, expected=f"a regular file of at most "
+                    f"{ix.INDEX_MAX:,} B (the cap on an index)")
             except FileNotFoundError:
                 fd = None
         if fd is None:
             raise self.tree.error(rel, "removed while it was read (a newer push pruned it): "
                                   "pull again")
         try:
-            data = read_at_most(fd, INDEX_MAX + 1)
+            data = read_at_most(fd, ix.INDEX_MAX + 1)
         finally:
             os.close(fd)
-        if len(data) > INDEX_MAX:
-            raise self.tree.error(rel, f"grew past {INDEX_MAX:,} B (the cap on an index) while "
+        if len(data) > ix.INDEX_MAX:
+            raise self.tree.error(rel, f"grew past {ix.INDEX_MAX:,} B (the cap on an index) while "
                                   "it was read")
         return ix.parse(data, str(self.root / rel))
 

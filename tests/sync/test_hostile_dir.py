@@ -17,8 +17,8 @@ import pytest
 
 from aleph._io import atomic_write_json
 from aleph.sync import pull, push
-from aleph.sync.index import run_path
-from aleph.sync.local import INDEX_MAX, DirDestination
+from aleph.sync.index import INDEX_MAX, run_path
+from aleph.sync.local import DirDestination
 from tests.sync.conftest import REPO, child_env
 
 RUN = "runs/smoke/a2_dense-s9"
