@@ -94,9 +94,7 @@ def push(run_dir: Path, dest: Destination, verify: bool = False) -> PushResult:
     it) and send again those whose copy is missing or damaged; without it a stored copy
     is trusted, which is what keeps an unchanged push cheap."""
     t0, run_dir = time.monotonic(), Path(run_dir)
-    run = run_path(run_dir)
-    if not run_dir.is_dir():
-        raise SyncError(f"{run_dir}: no such run directory")
+    run = check_run_dir(run_dir)
     cache = HashCache(run_dir)
     step, items = collect(run_dir, cache)
     files = {i.rel: {"sha256": i.sha256, "size": i.size} for i in items}
@@ -118,6 +116,27 @@ def push(run_dir: Path, dest: Destination, verify: bool = False) -> PushResult:
     cache.pushed[dest.spec] = result.record()
     cache.save(keep=set(files))
     return result
+
+
+def check_run_dir(run_dir: Path) -> str:
+    """The run path of `run_dir` if it is a run directory (under <work>/runs, holding the
+    config.json or manifest.json `aleph train` writes first); SyncError otherwise. Called
+    before anything is written into it, the run lock included."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SyncError(f"{run_dir}: no such run directory")
+    run = run_path(run_dir)
+    if not any(stat.S_ISREG(_lstat_mode(run_dir / n)) for n in ("config.json", "manifest.json")):
+        raise SyncError(f"{run_dir}: not a run directory (no config.json or manifest.json; "
+                        "expected a directory `aleph train` wrote); nothing was written to it")
+    return run
+
+
+def _lstat_mode(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def _damaged(dest: Destination, run: str, snap: Snapshot) -> list[str]:
