@@ -42,6 +42,7 @@ _OBJECT, _SUB = re.compile(r"[0-9a-f]{64}"), re.compile(r"[0-9a-f]{2}")
 _INDEX = re.compile(r"[0-9]{8}\.json")
 _TMP = re.compile(r"\.tmp-[a-z0-9_]{8}")  # _put's mkstemp names
 _INDEX_TMP = re.compile(r"\.[0-9]{8}\.json\.[a-z0-9_]{8}\.tmp")  # atomic_write_bytes' names
+_NFS = re.compile(r"\.nfs[0-9a-f]+")  # NFS's own: a file removed while open; left alone
 
 
 class DirDestination(Destination):
@@ -82,7 +83,8 @@ class DirDestination(Destination):
             for name, st in self.tree.entries(fd):
                 if _INDEX.fullmatch(name):
                     numbers.append(int(name[:8]))
-                elif not (_INDEX_TMP.fullmatch(name) and stat.S_ISREG(st.st_mode)):
+                elif not ((_INDEX_TMP.fullmatch(name) or _NFS.fullmatch(name))
+                          and stat.S_ISREG(st.st_mode)):
                     raise self.tree.error(rel, f"holds {name!r} ({kind(st.st_mode)}), not a snapshot "
                                           "index of this destination (expected NNNNNNNN.json, "
                                           "8 ASCII digits, or its own .tmp files)")
@@ -157,7 +159,8 @@ class DirDestination(Destination):
                 sfd = open_dir_at(fd, sub)
                 try:
                     for name, est in self.tree.entries(sfd):
-                        if not (stat.S_ISREG(est.st_mode) and _own_object(sub, name)):
+                        if not (stat.S_ISREG(est.st_mode)
+                                and (_own_object(sub, name) or _NFS.fullmatch(name))):
                             raise self._foreign(f"{rel}/{sub}/{name}", est, "a regular file named "
                                                 "by its sha256 (64 hex digits) or a push's .tmp- file")
                 finally:
@@ -269,10 +272,12 @@ class DirDestination(Destination):
                 continue
             h = hashlib.sha256()
             try:
-                _copy(fd, rec["size"], h.update)
+                short = _copy(fd, rec["size"], h.update)
+            except OSError:
+                short = 1  # unreadable: as damaged as a wrong hash
             finally:
                 os.close(fd)
-            if h.hexdigest() != rec["sha256"]:
+            if short or h.hexdigest() != rec["sha256"]:
                 bad.append(rel)
         return bad
 
@@ -283,7 +288,8 @@ class DirDestination(Destination):
             with open(out, "xb") as dst:  # a new file of the pull's own staging
                 left = _copy(fd, rec["size"], dst.write)
         except OSError as e:
-            raise self.tree.error(f"{run}/{rel}", f"unreadable ({e.strerror or e})") from None
+            where = f"{e.filename}: " if e.filename else ""
+            raise self.tree.error(f"{run}/{rel}", f"not copied ({where}{e.strerror or e})") from None
         finally:
             os.close(fd)
         if left:

@@ -123,6 +123,20 @@ def test_a_push_refuses_foreign_entries_where_objects_live(pushed, tmp_path):
     assert DirDestination(bucket).latest(RUN).revision == "r1"  # nothing was published
 
 
+def test_a_push_prunes_its_own_objects_and_leaves_nfs_leftovers_alone(pushed, tmp_path):
+    bucket, base = pushed
+    work = tmp_path / "work"
+    old = obj(base, index_of(base)["files"], "metrics.json")
+    silly = old.parent / ".nfs000000000012abcd00000001"  # a file removed while open, on NFS
+    silly.write_text("open elsewhere")
+    for n in range(2):  # two more snapshots: the first one's metrics object is unreferenced
+        (work / RUN / "metrics.json").write_text(json.dumps({"step": 3, "n": n}))
+        push(work / RUN, DirDestination(bucket))
+    assert not old.exists() and silly.read_text() == "open elsewhere"
+    assert sorted(p.name for p in (base / "indexes").iterdir()) == ["00000002.json",
+                                                                      "00000003.json"]
+
+
 # --- item 3: a pull reads no more than the index records, and never blocks ------------------
 
 def _replace(path: Path, how: str, tmp_path: Path) -> None:
