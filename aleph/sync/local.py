@@ -66,7 +66,8 @@ class DirDestination(Destination):
         # fwalk with follow_symlinks=False lists a linked folder but never enters it
         for dirpath, dirnames, filenames, _ in os.fwalk(self.root / ix.RUNS_DIR):
             if INDEXES in dirnames or INDEXES in filenames:
-                run = Path(dirpath).relative_to(self.root).as_posix()
+                run = ix.check_rel(Path(dirpath).relative_to(self.root).as_posix(),
+                                   f"sync destination {self.root}: a run folder")
                 dirnames.clear()  # a run's own folders hold no runs
                 if self._numbers(run):
                     found.append(run)

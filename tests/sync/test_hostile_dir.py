@@ -22,10 +22,12 @@ from aleph.sync.local import DirDestination
 from tests.sync.conftest import REPO, child_env
 
 RUN = "runs/smoke/a2_dense-s9"
-FSIZE_LIMIT, AS_LIMIT = 4 << 20, 2 << 30
-"""RLIMIT_FSIZE and RLIMIT_AS of a CLI child: no file it writes may pass 4 MiB (a run here is
-~100 kB) and it may map 2 GiB at most, so a pull that copied from /dev/zero or a huge file dies
-of SIGXFSZ, or one that read it into memory of MemoryError, instead of filling disk or RAM."""
+WEIGHTS_SIZE = 100_000  # the small run's largest file
+FSIZE_LIMIT, AS_LIMIT = WEIGHTS_SIZE, 2 << 30
+"""RLIMIT_FSIZE and RLIMIT_AS of a CLI child: no file it writes may grow past the largest size
+an index here records, and it may map 2 GiB at most, so a pull that copied more than that from
+/dev/zero or a huge file dies of SIGXFSZ, or one that read it into memory of MemoryError,
+instead of filling disk or RAM."""
 
 
 def small_run(work: Path) -> Path:
@@ -36,7 +38,7 @@ def small_run(work: Path) -> Path:
     atomic_write_json(d / "manifest.json", {"run_id": "a2_dense-s9", "launches": []})
     atomic_write_json(d / "metrics.json", {"step": 3, "total_steps": 3})
     (d / "weights" / "final").mkdir(parents=True)
-    (d / "weights" / "final" / "model.safetensors").write_bytes(os.urandom(100_000))
+    (d / "weights" / "final" / "model.safetensors").write_bytes(os.urandom(WEIGHTS_SIZE))
     atomic_write_json(d / "weights" / "final" / "model_config.json", {"d_model": 8})
     return d
 
@@ -56,7 +58,8 @@ def cli(work: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProc
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, FSIZE_LIMIT))
         resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-    return subprocess.run([sys.executable, "-m", "aleph", *args], cwd=REPO, env=child_env(work),
+    return subprocess.run([sys.executable, "-m", "aleph", *args], cwd=REPO,
+                          env=child_env(work, PYTHONDONTWRITEBYTECODE="1"),
                           capture_output=True, text=True, timeout=timeout, preexec_fn=cap)
 
 
