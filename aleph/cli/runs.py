@@ -95,31 +95,49 @@ def find_runs(runs_root: Path) -> list[Path]:
     return found
 
 
-def list_rows(runs_root: Path) -> list[list[str]]:
+def list_rows(runs_root: Path) -> tuple[list[list[str]], list[str]]:
+    """(one row per run, one line per run whose records are damaged, saying what is wrong):
+    one damaged run is listed as such, never hiding the others."""
     from aleph._io import work_root
-    from aleph.eval.rundir import run_state
+    from aleph.errors import AlephError
 
     # Names resolve against $ALEPH_WORK: the hint names the run that way when it lies
     # there, else by its directory (a WORK given on the command line).
     by_name = runs_root.resolve() == (work_root() / "runs").resolve()
-    rows = []
+    rows, damaged = [], []
     for d in find_runs(runs_root):
-        st = run_state(d)
-        steps = "—" if st["step"] is None else (
-            f"{st['step']}/{st['total_steps']}" if st["total_steps"] else str(st["step"]))
-        last = st["last_launch"]
-        launch = "—" if not last else (
-            f"{last['launch_id']} ({last.get('action') or '?'}, {last.get('status')}, "
-            f"{'ended ' + last['end'] if last.get('end') else 'started ' + str(last.get('start'))})")
-        ev = st["evaluated"]
-        if ev is None:
-            ref = d.relative_to(runs_root).as_posix() if by_name else d
-            evaluated = "no" + (f": `aleph eval {ref}`" if st["status"] == "complete" else "")
-        else:
-            path = str(ev.get("path") or "")
-            evaluated = "yes (" + ("final weights" if "final" in path else f"step {ev.get('step')}") + ")"
-        rows.append([str(d.relative_to(runs_root)), st["status"], steps, launch, evaluated])
-    return rows
+        name = str(d.relative_to(runs_root))
+        try:
+            rows.append([name, *_row(runs_root, d, by_name)])
+        # bad JSON or UTF-8, a field of the wrong type, nesting too deep, unreadable
+        except (AlephError, OSError, ValueError, TypeError, AttributeError, KeyError,
+                RecursionError) as e:
+            what = str(e) if isinstance(e, AlephError) else f"{d}: {type(e).__name__}: {e}"
+            rows.append([name, "damaged", "—", "—", "—"])
+            what = what.replace("\n", " ")  # one line, bounded: the file's text may be echoed
+            damaged.append(f"{name}: damaged: {what if len(what) <= 300 else what[:297] + '...'}")
+    return rows, damaged
+
+
+def _row(runs_root: Path, d: Path, by_name: bool) -> list[str]:
+    """status, steps, last launch and evaluated of run directory `d`."""
+    from aleph.eval.rundir import run_state
+
+    st = run_state(d)
+    steps = "—" if st["step"] is None else (
+        f"{st['step']}/{st['total_steps']}" if st["total_steps"] else str(st["step"]))
+    last = st["last_launch"]
+    launch = "—" if not last else (
+        f"{last['launch_id']} ({last.get('action') or '?'}, {last.get('status')}, "
+        f"{'ended ' + last['end'] if last.get('end') else 'started ' + str(last.get('start'))})")
+    ev = st["evaluated"]
+    if ev is None:
+        ref = d.relative_to(runs_root).as_posix() if by_name else d
+        evaluated = "no" + (f": `aleph eval {ref}`" if st["status"] == "complete" else "")
+    else:
+        path = str(ev.get("path") or "")
+        evaluated = "yes (" + ("final weights" if "final" in path else f"step {ev.get('step')}") + ")"
+    return [st["status"], steps, launch, evaluated]
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -130,7 +148,7 @@ def _list(args: argparse.Namespace) -> int:
     runs_root = root / "runs"
     if not runs_root.is_dir():
         raise DataError(f"{runs_root}: no runs directory (is {root} a work root? `aleph train` creates it)")
-    rows = list_rows(runs_root)
+    rows, damaged = list_rows(runs_root)
     if not rows:
         print(f"no runs under {runs_root}")
         return 0
@@ -139,6 +157,8 @@ def _list(args: argparse.Namespace) -> int:
     print(f"runs under {runs_root}:")
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    for line in damaged:
+        print(line)
     return 0
 
 
@@ -146,9 +166,11 @@ def _push(args: argparse.Namespace) -> int:
     from aleph._io import read_json
     from aleph.eval.rundir import require_run_dir
     from aleph.sync import SyncError, parse_destination, push
+    from aleph.sync.transfer import check_run_dir
     from aleph.train.identity import RunLock
 
     run_dir = require_run_dir(args.run)
+    check_run_dir(run_dir)  # before the lock: the lock file is written into the directory
     spec = args.to
     if spec is None:
         saved = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}

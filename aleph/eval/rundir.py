@@ -50,6 +50,10 @@ def read_run_json(run_dir: str | Path, name: str, required: bool = True) -> dict
         data = read_json(path)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start}); expected JSON") from e
+    except RecursionError:
+        raise DataError(f"{path}: nested too deeply to parse; expected a JSON object") from None
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -135,6 +139,9 @@ def run_state(run_dir: str | Path) -> dict[str, Any]:
     """
     run_dir = Path(run_dir)
     manifest = read_run_json(run_dir, MANIFEST, required=False) or {}
+    if not isinstance(manifest.get("launches") or [], list):
+        raise DataError(f"{run_dir / MANIFEST}: field 'launches' is "
+                        f"{type(manifest['launches']).__name__}, expected a list of launches")
     launches = [e for e in manifest.get("launches") or [] if isinstance(e, dict)]
     metrics = read_run_json(run_dir, METRICS, required=False) or {}
     final = (run_dir / FINAL_WEIGHTS / WEIGHTS_FILE).is_file()

@@ -7,6 +7,10 @@ not at all (a push killed before its commit leaves nothing). A pull reads the br
 once and fetches every file at that commit, so a push landing meanwhile cannot mix two
 snapshots. The token is huggingface_hub's own (HF_TOKEN in the environment); the endpoint
 is HF_ENDPOINT's (default the public hub).
+
+Others may write the repo: a listed name that is not a plain relative path is refused, and
+the sizes the listing reports are checked before a download, so no index larger than
+INDEX_MAX and no file of another size than its index records is fetched.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from aleph.sync import index as ix
 from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
+from aleph.sync.safefs import read_at_most
 from aleph.sync.select import Item
 
 INDEX_NAME = ".aleph-sync.json"
@@ -35,6 +40,7 @@ class HubDestination(Destination):
         self.endpoint = endpoint
         self.api = HfApi(endpoint=endpoint)
         self._created = False
+        self._sizes: dict[str, dict[str, int | None]] = {}  # commit -> {file: size listed}
 
     @contextlib.contextmanager
     def _calling(self, what: str) -> Iterator[None]:
@@ -52,16 +58,36 @@ class HubDestination(Destination):
             raise SyncError(scrub(f"sync destination {self.spec}: {what} failed: "
                                   f"{type(e).__name__}: {first}{hint}")) from None
 
-    def _head(self):
-        """(commit sha, file names) of the branch head; None when the repo does not exist."""
+    def _head(self, revision: str = BRANCH):
+        """(commit sha, file names) at `revision` (default the branch head), their listed
+        sizes kept; None when the repo does not exist. A name that is not a plain relative
+        path is refused: huggingface_hub would raise on it, and no file is fetched by it."""
         from huggingface_hub.errors import RepositoryNotFoundError
 
         with self._calling("reading the repo"):
             try:
-                info = self.api.repo_info(self.repo_id, revision=BRANCH, files_metadata=False)
+                info = self.api.repo_info(self.repo_id, revision=revision, files_metadata=True)
             except RepositoryNotFoundError:
                 return None
-        return info.sha, [s.rfilename for s in info.siblings or []]
+        sizes = {s.rfilename: s.size for s in info.siblings or []}
+        for name in sizes:
+            ix.check_rel(name, f"sync destination {self.spec}@{info.sha[:12]}: the repo lists a file")
+        self._sizes[info.sha] = sizes
+        return info.sha, list(sizes)
+
+    def _check_size(self, name: str, revision: str, size: int | None, most: int | None) -> None:
+        """Refuse, before downloading it, a file whose size the listing reports as other than
+        `size` (or above `most`); a hub that reports none is checked after the download."""
+        if revision not in self._sizes:
+            self._head(revision)
+        listed = self._sizes.get(revision, {}).get(name)
+        if listed is None:
+            return
+        if (size is not None and listed != size) or (most is not None and listed > most):
+            want = (f"{size:,} B as its index records" if size is not None else
+                    f"at most {most:,} B (the cap on an index)")
+            raise SyncError(f"sync destination {self.spec}@{revision[:12]}: {name}: listed as "
+                            f"{listed:,} B, expected {want}; not downloaded")
 
     def runs(self) -> list[str]:
         head = self._head()
@@ -76,9 +102,18 @@ class HubDestination(Destination):
         name = f"{run}/{INDEX_NAME}"
         if head is None or name not in head[1]:
             return None
+        where = f"{self.spec}@{head[0][:12]}:{name}"
+        self._check_size(name, head[0], None, ix.INDEX_MAX)
         with tempfile.TemporaryDirectory(prefix="aleph-sync-") as tmp:
-            data = self._download(name, head[0], Path(tmp)).read_bytes()
-        return Snapshot(ix.parse(data, f"{self.spec}@{head[0][:12]}:{name}"), head[0])
+            fd = os.open(self._download(name, head[0], Path(tmp)), os.O_RDONLY)
+            try:
+                data = read_at_most(fd, ix.INDEX_MAX + 1)
+            finally:
+                os.close(fd)
+        if len(data) > ix.INDEX_MAX:
+            raise SyncError(f"sync destination {where}: larger than {ix.INDEX_MAX:,} B (the cap on "
+                            "an index)")
+        return Snapshot(ix.parse(data, where), head[0])
 
     def _download(self, name: str, revision: str, local_dir: Path) -> Path:
         from huggingface_hub import hf_hub_download
@@ -114,5 +149,7 @@ class HubDestination(Destination):
         return info.oid
 
     def fetch(self, run: str, snap: Snapshot, rel: str, out: Path, scratch: Path) -> None:
-        got = self._download(f"{run}/{rel}", snap.revision, scratch)
+        name = f"{run}/{rel}"
+        self._check_size(name, snap.revision, snap.files[rel]["size"], None)
+        got = self._download(name, snap.revision, scratch)
         os.replace(got, out)

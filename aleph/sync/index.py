@@ -18,7 +18,11 @@ from aleph._io import RUNS_DIR
 from aleph.errors import AlephError
 
 SCHEMA = "aleph-sync/1"
+INDEX_MAX = 8 << 20
+"""Largest index read (8 MiB): an index holds one ~150-byte entry per file, so this is some
+50,000 files, a hundred times what a run syncs; a larger one is refused, not parsed."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class SyncError(AlephError):
@@ -43,11 +47,13 @@ class Snapshot:
 
 
 def check_rel(rel: str, what: str) -> str:
-    """`rel` if it is a plain relative POSIX path (no '..', no absolute, no empty part)."""
+    """`rel` if it is a plain relative POSIX path (no '..', no absolute, no empty part, no
+    control character: a NUL would reach the OS as a path and fail there)."""
     p = PurePosixPath(rel)
-    if (not rel or p.is_absolute() or "\\" in rel
+    if (not rel or p.is_absolute() or "\\" in rel or _CONTROL.search(rel)
             or any(part in ("", ".", "..") for part in rel.split("/"))):
-        raise SyncError(f"{what}: path {rel!r} is not a plain relative path")
+        raise SyncError(f"{what}: path {rel!r} is not a plain relative path (no '..', no "
+                        "absolute path, no control character)")
     return rel
 
 

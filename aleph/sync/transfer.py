@@ -5,13 +5,19 @@ and only the changed ones are sent; nothing changed means nothing is written. pu
 file of the newest snapshot is fetched into a staging directory beside `runs/` (not under
 it, so nothing lists or resumes a half-pulled run), its sha256 and size checked against the
 index, and the run directory appears only once all are verified, by one rename. A pull
-never replaces a run directory that exists.
+never replaces a run directory that exists. Each pull holds an exclusive flock on its
+staging's `lock` file while it lives; a pull removes only stagings whose lock it can take
+(a pull in another container shares the volume, not the PID namespace, so a pid says
+nothing there).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -26,6 +32,7 @@ from aleph.sync.index import Snapshot, SyncError, run_path
 from aleph.sync.select import HashCache, collect
 
 STAGING_PREFIX = ".aleph-pull-"
+STAGING_LOCK = "lock"
 
 
 def utc_now() -> str:
@@ -87,9 +94,7 @@ def push(run_dir: Path, dest: Destination, verify: bool = False) -> PushResult:
     it) and send again those whose copy is missing or damaged; without it a stored copy
     is trusted, which is what keeps an unchanged push cheap."""
     t0, run_dir = time.monotonic(), Path(run_dir)
-    run = run_path(run_dir)
-    if not run_dir.is_dir():
-        raise SyncError(f"{run_dir}: no such run directory")
+    run = check_run_dir(run_dir)
     cache = HashCache(run_dir)
     step, items = collect(run_dir, cache)
     files = {i.rel: {"sha256": i.sha256, "size": i.size} for i in items}
@@ -111,6 +116,27 @@ def push(run_dir: Path, dest: Destination, verify: bool = False) -> PushResult:
     cache.pushed[dest.spec] = result.record()
     cache.save(keep=set(files))
     return result
+
+
+def check_run_dir(run_dir: Path) -> str:
+    """The run path of `run_dir` if it is a run directory (under <work>/runs, holding the
+    config.json or manifest.json `aleph train` writes first); SyncError otherwise. Called
+    before anything is written into it, the run lock included."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SyncError(f"{run_dir}: no such run directory")
+    run = run_path(run_dir)
+    if not any(stat.S_ISREG(_lstat_mode(run_dir / n)) for n in ("config.json", "manifest.json")):
+        raise SyncError(f"{run_dir}: not a run directory (no config.json or manifest.json; "
+                        "expected a directory `aleph train` wrote); nothing was written to it")
+    return run
+
+
+def _lstat_mode(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def _damaged(dest: Destination, run: str, snap: Snapshot) -> list[str]:
@@ -141,7 +167,7 @@ def pull(dest: Destination, into: Path, run: str | None = None) -> list[PullResu
 
 
 def _pull_one(dest: Destination, run: str, snap: Snapshot, final: Path, into: Path) -> PullResult:
-    staging = into / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging, lock = _new_staging(into)
     tree, scratch = staging / "run", staging / "scratch"
     try:
         scratch.mkdir(parents=True)
@@ -157,6 +183,7 @@ def _pull_one(dest: Destination, run: str, snap: Snapshot, final: Path, into: Pa
         fsync_dir(final.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        os.close(lock)
     return PullResult(dest.spec, run, snap.revision, snap.step, len(snap.files),
                       sum(r["size"] for r in snap.files.values()), final)
 
@@ -183,19 +210,41 @@ def _seed_cache(tree: Path, snap: Snapshot, dest: Destination) -> None:
     cache.save(keep=set(snap.files))
 
 
+def _new_staging(into: Path) -> tuple[Path, int]:
+    """A new staging directory under `into` and the descriptor holding its lock. The lock
+    file is created and locked under a temporary name, then renamed: a `lock` a cleanup can
+    see is always held already."""
+    for _ in range(3):
+        staging = into / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        tmp = staging / f".{STAGING_LOCK}-{uuid.uuid4().hex[:8]}"
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except FileNotFoundError:
+            continue  # removed while still empty by another pull's cleanup: a new name
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(tmp, staging / STAGING_LOCK)
+        return staging, fd
+    raise SyncError(f"{into}: a pull staging directory was removed three times as it was "
+                    "made; another process is clearing .aleph-pull-* there")
+
+
 def _remove_stale_staging(into: Path) -> None:
-    """Staging directories of pulls that were killed (their process is gone)."""
-    for p in into.glob(f"{STAGING_PREFIX}*"):
-        pid = p.name[len(STAGING_PREFIX):].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Staging directories of pulls that died: a real directory whose lock file this pull
+    can lock (its pull is gone, whatever its pid, in whatever PID namespace), or an empty
+    one. Links, files and stagings without a lock are left alone: not a pull's own."""
+    for p in sorted(into.glob(f"{STAGING_PREFIX}*")):
+        with contextlib.suppress(OSError):
+            if not stat.S_ISDIR(os.lstat(p).st_mode):
+                continue
+            try:
+                fd = os.open(p / STAGING_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except FileNotFoundError:
+                os.rmdir(p)  # only while empty: a pull between mkdir and lock makes another
+                continue
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: live
+                    shutil.rmtree(p, ignore_errors=True)
+            finally:
+                os.close(fd)

@@ -66,3 +66,32 @@ def test_runs_list_names_a_missing_work_root(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"aleph runs: error: {tmp_path / 'nowhere' / 'runs'}: no runs directory "
         f"(is {tmp_path / 'nowhere'} a work root? `aleph train` creates it)")
+
+
+def test_runs_list_names_a_damaged_run_and_lists_the_others(tmp_path, capsys):
+    _run(tmp_path, "a1_anchored-s0", ["complete"], final=True, step=128)
+    damages = {"a2_dense-s0": b'{"run_id": "a2_dense-s0", "launches": [',  # cut short
+               "a2_dense-s1": b"\xff\xfe not UTF-8",
+               "a3_random-s0": b'{"launches": 5}',  # a field of the wrong type
+               "a3_random-s1": b"[" * 100_000 + b"]" * 100_000}  # nested too deep to parse
+    for name, data in damages.items():
+        (_run(tmp_path, name, ["stopped"]) / "manifest.json").write_bytes(data)
+    _run(tmp_path, "smoke/a2_dense-s0", ["stopped"], step=10)
+
+    assert main(["runs", "list", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in out[2:2 + 6]}
+    assert rows["a1_anchored-s0"][0] == "complete" and rows["smoke/a2_dense-s0"][:2] == [
+        "stopped", "10/128"]
+    notes = out[2 + 6:]
+    assert len(notes) == len(damages)
+    for name in damages:
+        assert rows[name] == ["damaged", "—", "—", "—"]
+        (note,) = [n for n in notes if n.startswith(f"{name}: damaged: ")]
+        assert str(tmp_path / "runs" / name) in note and len(note) < 400
+        assert f"{tmp_path / 'runs' / name / 'manifest.json'}: " in note
+    says = {n.split(":")[0]: n.split("manifest.json: ")[1] for n in notes}
+    assert says == {"a2_dense-s0": "not valid JSON (line 1: Expecting value)",
+                    "a2_dense-s1": "not UTF-8 text (byte 0); expected JSON",
+                    "a3_random-s0": "field 'launches' is int, expected a list of launches",
+                    "a3_random-s1": "nested too deeply to parse; expected a JSON object"}

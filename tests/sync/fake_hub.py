@@ -3,7 +3,7 @@
 The hub cannot be reached from the machines these tests run on, so `aleph.sync.hub` is
 tested through huggingface_hub itself against this server. It implements the part of the
 hub's HTTP API that huggingface_hub uses for what aleph does: create a repo
-(POST /api/repos/create), repo info at a revision (GET /api/models/<repo>/revision/<rev>),
+(POST /api/repos/create), repo info at a revision (GET /api/models/<repo>/revision/<rev>, each file with its size),
 preupload (always answering "regular", so content travels inline in the commit; it never
 advertises LFS or xet), commit (POST /api/models/<repo>/commit/<rev>, NDJSON: file,
 deletedFile, deletedFolder; a parentCommit that is not the head is refused with 412) and
@@ -147,7 +147,8 @@ def _handler(hub: FakeHub):
                 return
             sha, files = found
             self._json(200, {"id": repo, "sha": sha, "private": True,
-                             "siblings": [{"rfilename": p} for p in sorted(files)]})
+                             "siblings": [{"rfilename": p, "size": hub.blob(files[p]).stat().st_size}
+                                          for p in sorted(files)]})
 
         def preupload(self, repo: str, rev: str) -> None:
             body = json.loads(self._body())

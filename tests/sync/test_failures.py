@@ -4,8 +4,10 @@ not written, with the token masked: never a traceback, and never a damaged snaps
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
+import resource
+import signal
 import socket
 
 import pytest
@@ -20,17 +22,19 @@ from tests.sync.fake_hub import FakeHub
 TOKEN = "hf_aleph_failures_test_token_24680"
 
 
-def _blocked_eval(run_dir, objects) -> str:
-    """Write an eval.json whose object folder at the destination is taken by a file, so the
-    push fails writing it with an OSError, as on a full or broken mount (root-proof)."""
-    for n in range(1000):
-        data = json.dumps({"mean": n}).encode()
-        prefix = hashlib.sha256(data).hexdigest()[:2]
-        if not (objects / prefix).exists():
-            (run_dir / "eval.json").write_bytes(data)
-            (objects / prefix).write_text("not a folder")
-            return prefix
-    raise AssertionError("no free object prefix")
+@contextlib.contextmanager
+def _full_disk(room: int):
+    """Writes of this process past `room` bytes per file fail with EFBIG, as on a full mount
+    (RLIMIT_FSIZE with SIGXFSZ ignored: root-proof, and no planted entry at the destination,
+    which a push now refuses before writing)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (room, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
 
 
 def test_an_unwritable_directory_destination_is_one_error_naming_it(run_copy, tmp_path, capsys):
@@ -39,9 +43,9 @@ def test_an_unwritable_directory_destination_is_one_error_naming_it(run_copy, tm
     dest = DirDestination(bucket)
     run = run_path(run_copy)
     assert push(run_copy, dest).revision == "r1"
-    _blocked_eval(run_copy, bucket / run / "objects")
-
-    assert main(["runs", "push", str(run_copy), "--to", str(bucket)]) == SyncError.exit_code
+    (run_copy / "eval.json").write_text(json.dumps({"mean": 0.5, "pad": "x" * 200_000}))
+    with _full_disk(100_000):
+        assert main(["runs", "push", str(run_copy), "--to", str(bucket)]) == SyncError.exit_code
     err = capsys.readouterr().err
     assert err.startswith(f"aleph runs: error: sync destination {bucket}: "), err
     assert f"snapshot 2 of {run} not written; snapshot 1 is unchanged" in err
