@@ -17,6 +17,7 @@ from aleph._io import atomic_write_json, atomic_write_text, read_json
 from aleph.campaign import rundirs
 from aleph.campaign.state import COMPLETE, FAILED
 from aleph.errors import AlephError
+from aleph.record.layout import RunLayout
 from aleph.train.identity import utc_now
 
 VERDICT_MARK = {"equivalent": "=", "equivalent with caveats": "~", "not equivalent": "X"}
@@ -102,7 +103,7 @@ def evaluate(c, opts: EvalOptions) -> dict[str, str]:
 
 def _eval_sha(rd: Path) -> str | None:
     try:
-        return (read_json(rd / "eval.json").get("weights") or {}).get("sha256")
+        return (read_json(RunLayout(rd).eval).get("weights") or {}).get("sha256")
     except (OSError, ValueError, AttributeError):
         return None
 

@@ -10,7 +10,7 @@ from aleph._io import atomic_write_text
 from aleph.campaign import finish, rundirs
 from aleph.campaign.runner import Campaign
 from aleph.campaign.spec import Spec, check_devices, parse_devices, resolve_configs
-from aleph.campaign.state import COMPLETE, FAILED
+from aleph.campaign.state import COMPLETE, FAILED, LAUNCH_LOGS
 from aleph.errors import ConfigError
 from aleph.train.identity import utc_now
 
@@ -59,7 +59,7 @@ def _where(c: Campaign) -> dict[str, str]:
     return {
         "state": str(c.state.path),
         "campaign log": str(c.dir / "campaign.log"),
-        "launch logs (one per launch: the trainer's console)": f"{c.dir / 'launches'}/<run>.<n>.log",
+        "launch logs (one per launch: the trainer's console)": f"{c.dir / LAUNCH_LOGS}/<run>.<n>.log",
         "run directories (the trainer's own logs in launches/)":
             f"{rundirs.run_dir(next(iter(c.configs.values()))).parent}/<arm>-s<seed>/",
         "summary": str(c.dir / "summary.md"),

@@ -11,11 +11,13 @@ from typing import Any
 
 from aleph._io import read_json, sha256_file
 from aleph.errors import ConfigError
+from aleph.record import layout
 from aleph.record.launch import COMPLETE, FAILED, STOPPED
+from aleph.record.layout import RunLayout
 from aleph.train.identity import LAUNCH_DIR, run_dir_for
 
-MANIFEST, CONFIG = "manifest.json", "config.json"
-FINAL_WEIGHTS = Path("weights") / "final" / "model.safetensors"
+MANIFEST, CONFIG = layout.MANIFEST, layout.CONFIG
+FINAL_WEIGHTS = RunLayout(".").final_weights_file.relative_to(".")
 
 
 def run_dir(cfg) -> Path:

@@ -30,6 +30,7 @@ from aleph.campaign.spec import Device, Spec
 from aleph.campaign.state import (
     COMPLETE,
     FAILED,
+    LAUNCH_LOGS,
     LOCKED,
     QUEUED,
     RUNNING,
@@ -210,7 +211,7 @@ class Campaign:
     def _launch(self, rid: str, device: Device) -> None:
         run = self.state.run(rid)
         n = len(run["launches"]) + 1
-        log = self.dir / "launches" / f"{rid}.{n}.log"
+        log = self.dir / LAUNCH_LOGS / f"{rid}.{n}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         argv = ["train", *self.spec.train_args(run["arm"], run["seed"])]
         token = f"{self.state.data['id']}/{rid}/{n}"

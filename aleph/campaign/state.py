@@ -28,6 +28,8 @@ SCHEMA = 1
 STATE_FILE = "campaign.json"
 QUEUED, RUNNING, LOCKED, COMPLETE, FAILED = "queued", "running", "locked", "complete", "failed"
 RUN_STATUSES = (QUEUED, RUNNING, LOCKED, COMPLETE, FAILED)
+LAUNCH_LOGS = "launches"
+"""<campaign>/launches/<run>.<n>.log: the console of each launch the campaign started."""
 OUTCOMES = ("running", "complete", "stopped", "failed", "locked", "lost")
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from aleph.record.layout import RunLayout
+
 NOT_EQUIVALENT_EXIT = 1
 
 
@@ -83,15 +85,18 @@ def _diff(args: argparse.Namespace) -> int:
     return NOT_EQUIVALENT_EXIT if d.verdict == "not equivalent" else 0
 
 
+def _is_run(d: Path) -> bool:
+    return RunLayout(d).manifest.is_file() or RunLayout(d).config.is_file()
+
+
 def find_runs(runs_root: Path) -> list[Path]:
     """Run directories (holding manifest.json or config.json) under `runs_root`, two levels deep."""
     found = []
     for d in sorted(p for p in runs_root.iterdir() if p.is_dir()):
-        if (d / "manifest.json").is_file() or (d / "config.json").is_file():
+        if _is_run(d):
             found.append(d)
         else:
-            found += sorted(s for s in d.iterdir() if s.is_dir()
-                            and ((s / "manifest.json").is_file() or (s / "config.json").is_file()))
+            found += sorted(s for s in d.iterdir() if s.is_dir() and _is_run(s))
     return found
 
 
@@ -173,7 +178,8 @@ def _push(args: argparse.Namespace) -> int:
     check_run_dir(run_dir)  # before the lock: the lock file is written into the directory
     spec = args.to
     if spec is None:
-        saved = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
+        config = RunLayout(run_dir).config
+        saved = read_json(config) if config.is_file() else {}
         spec = saved.get("sync_to") or ""
         if not spec:
             raise SyncError(f"{run_dir}: no destination: pass --to DEST (its config.json has "

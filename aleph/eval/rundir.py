@@ -8,14 +8,19 @@ from typing import Any
 
 from aleph._io import read_json
 from aleph.errors import DataError
+from aleph.record.layout import (  # noqa: F401
+    CONFIG,
+    EVAL,
+    LOCK,
+    MANIFEST,
+    METRICS,
+    TB,
+    TOKENIZER,
+    WEIGHTS_FILE,
+    RunLayout,
+)
 
-CONFIG = "config.json"
-MANIFEST = "manifest.json"
-EVAL = "eval.json"
-METRICS = "metrics.json"
-FINAL_WEIGHTS = Path("weights") / "final"
-TOKENIZER = "tokenizer"
-TB = "tb"
+FINAL_WEIGHTS = Path(RunLayout(".").final_weights.relative_to("."))  # weights/final
 
 
 def resolve_run(given: str | Path) -> Path:
@@ -95,8 +100,6 @@ def manifest_targets(manifest: dict, source: str) -> dict:
     raise DataError(f"{source}: missing field 'targets' (the target store record)")
 
 
-LOCK = "run.lock"
-WEIGHTS_FILE = "model.safetensors"
 STATUSES = ("complete", "running", "stopped", "failed", "lost", "not started")
 
 
@@ -124,7 +127,7 @@ def lock_held(run_dir: Path) -> bool:
 
 def step_weights(run_dir: Path) -> list[Path]:
     """The run's saved `weights/step-NNNNNNNN` directories, oldest first."""
-    d = Path(run_dir) / "weights"
+    d = RunLayout(run_dir).weights
     return sorted(p for p in d.glob("step-*") if (p / WEIGHTS_FILE).is_file()) if d.is_dir() else []
 
 

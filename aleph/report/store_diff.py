@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from aleph._io import sha256_file
+from aleph.targets.format import MANIFEST_FILE
 from aleph.targets.store import content_sha256
 
 SIZE_KEYS = ("rows", "dim", "dtype", "byte_length")
@@ -26,7 +27,7 @@ def _store_manifest(t: dict) -> dict | None:
     """The store's own manifest.json, when the run's record names a readable directory."""
     if not t.get("dir"):
         return None
-    path = Path(str(t["dir"])) / "manifest.json"
+    path = Path(str(t["dir"])) / MANIFEST_FILE  # the target store's own manifest
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

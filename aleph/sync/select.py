@@ -29,15 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from aleph._io import atomic_write_json, read_json
+from aleph.record import layout
 
 STATE_FILE = "sync-state.json"
 """<run>/sync-state.json: sha256 by (size, mtime, inode) of each file hashed, and the last
 push to each destination. Local only; losing it costs a re-hash, never a wrong push."""
-TOP_FILES = ("config.json", "manifest.json", "metrics.json", "eval.json")
-MUTABLE_TREES = ("launches", "tb")
-CKPT_DIR, COMPLETE = "checkpoints", "COMPLETE"
-WEIGHTS_DIR, WEIGHTS_DONE = "weights", "model_config.json"
-TOKENIZER_DIR = "tokenizer"
+TOP_FILES = (layout.CONFIG, layout.MANIFEST, layout.METRICS, layout.EVAL)
+MUTABLE_TREES = (layout.LAUNCHES, layout.TB)
+CKPT_DIR, COMPLETE = layout.CHECKPOINTS, "COMPLETE"
+WEIGHTS_DIR, WEIGHTS_DONE = layout.WEIGHTS, "model_config.json"
+TOKENIZER_DIR = layout.TOKENIZER
 IN_MEMORY_MAX = 64 << 20
 """Immutable files up to this size are read into memory too (one read, no second open)."""
 _STATE_NAME = re.compile(r"step-\d{8}")

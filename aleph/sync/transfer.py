@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from aleph._io import fsync_dir, sha256_file
+from aleph.record import layout
 from aleph.sync import index as ix
 from aleph.sync.dest import Destination, pause_hook
 from aleph.sync.index import Snapshot, SyncError, run_path
@@ -126,7 +127,7 @@ def check_run_dir(run_dir: Path) -> str:
     if not run_dir.is_dir():
         raise SyncError(f"{run_dir}: no such run directory")
     run = run_path(run_dir)
-    if not any(stat.S_ISREG(_lstat_mode(run_dir / n)) for n in ("config.json", "manifest.json")):
+    if not any(stat.S_ISREG(_lstat_mode(run_dir / n)) for n in (layout.CONFIG, layout.MANIFEST)):
         raise SyncError(f"{run_dir}: not a run directory (no config.json or manifest.json; "
                         "expected a directory `aleph train` wrote); nothing was written to it")
     return run

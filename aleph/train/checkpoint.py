@@ -60,8 +60,9 @@ from aleph._io import (
     sha256_file,
 )
 from aleph.errors import QuotaError, StoreError
+from aleph.record.layout import CHECKPOINTS
 
-CKPT_DIR = "checkpoints"
+CKPT_DIR = CHECKPOINTS
 COMPLETE = "COMPLETE"
 FORMAT_VERSION = 1
 MARKER_VERSION = 2

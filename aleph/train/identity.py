@@ -22,18 +22,19 @@ from typing import TextIO
 
 from aleph._io import RUNS_DIR, work_root
 from aleph.errors import ConfigError, DataError, RunLocked
+from aleph.record import layout
 from aleph.record.provenance import (  # noqa: F401  (code provenance lives there; re-exported)
     code_revision,
     package_dir,
     source_sha256,
 )
 
-LOCK_FILE = "run.lock"
-LAUNCH_DIR = "launches"
+LOCK_FILE = layout.LOCK
+LAUNCH_DIR = layout.LAUNCHES
 # The preset whose runs keep the seed's names (runs/<arm>-s<seed>); any other preset's runs
 # go one level down (runs/<preset>/<arm>-s<seed>), so a smoke run never meets a real one.
 TOP_LEVEL_PRESET = "e1"
-CONFIG_FILE = "config.json"  # every run directory has one (written by aleph.train.outputs)
+CONFIG_FILE = layout.CONFIG  # every run directory has one (written by aleph.train.run)
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aleph._io import atomic_write_json, read_json
-from aleph.record import heartbeat, provenance
+from aleph.record import heartbeat, layout, provenance
 from aleph.record.launch import (  # noqa: F401  (re-exported: the trainer's statuses)
     ACTIONS,
     COMPLETE,
@@ -27,12 +27,9 @@ from aleph.record.launch import (  # noqa: F401  (re-exported: the trainer's sta
     STOPPED,
     TRAINED,
 )
-from aleph.train.identity import CONFIG_FILE, LAUNCH_DIR, hostname, utc_now
+from aleph.train.identity import LAUNCH_DIR, hostname, utc_now
 
-MANIFEST = "manifest.json"
-METRICS = "metrics.json"
-CONFIG = CONFIG_FILE
-TB_DIR = "tb"
+MANIFEST, METRICS, CONFIG, TB_DIR = layout.MANIFEST, layout.METRICS, layout.CONFIG, layout.TB
 
 
 class Manifest:
