@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from aleph.record.fingerprint import classify_hunk, executed_scopes, scopes
+from aleph.record.executed import classify_hunk, executed_scopes
+from aleph.record.fingerprint import scopes
 from aleph.report.gitdiff import CodeDiff, HunksUnavailable, diff_revisions, file_at
 
 Add = Callable[[str, str], None]  # add(level, text)

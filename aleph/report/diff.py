@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aleph.eval import rundir
-from aleph.record.fingerprint import read_executed
+from aleph.record.executed import read_executed
 from aleph.record.launch import (
     NUMERIC_CONFIG_FIELDS,
     NUMERIC_FACTS,

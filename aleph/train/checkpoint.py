@@ -1,8 +1,9 @@
 """Resume state: written to a temporary directory, fsynced, renamed, COMPLETE marker last.
 
 A directory `checkpoints/step-NNNNNNNN/` counts only once `COMPLETE` exists in it, so a
-crash (or SIGKILL) mid-save leaves the previous complete state as the resume point. At
-least two complete states are kept. Contents:
+crash (or SIGKILL) mid-save leaves the previous complete state as the resume point. The
+newest `keep_checkpoints` (at least 2) complete states are kept; a save prunes to keep - 1
+before its own marker is written, so at most `keep` count at any instant. Contents:
 - `model.safetensors` the uncompiled model's weights;
 - `trainer.pt` optimiser and scheduler state dicts, RNG states of every rank (each
   rank's own CUDA device only), tensors and plain values only: it loads with
@@ -35,11 +36,9 @@ import json
 import os
 import random
 import re
-import reprlib
 import shutil
 import signal
 import stat
-import zipfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,6 +60,8 @@ from aleph._io import (
 )
 from aleph.errors import QuotaError, StoreError
 from aleph.record.layout import CHECKPOINTS
+from aleph.train import legacy
+from aleph.train.trainer_state import load_trainer_state
 
 CKPT_DIR = CHECKPOINTS
 COMPLETE = "COMPLETE"
@@ -71,7 +72,6 @@ FILES = ("model.safetensors", "trainer.pt", "meta.json")
 CORRUPT_TAG = ".corrupt-"
 _STATE_NAME = re.compile(r"step-\d{8}")
 _TMP_NAME = re.compile(r"step-\d{8}\.tmp-\d+")  # a save in progress (`save`)
-_LEGACY_MARKER = re.compile(r"step (\d+)\n?")
 FAULT_ENV = "ALEPH_TRAIN_FAULT"
 FAULT_POINTS = ("before-complete", "after-complete")
 
@@ -120,7 +120,7 @@ def _numpy_state(saved) -> tuple:
     if isinstance(saved, dict):
         keys = saved["keys"].numpy().astype(np.uint32)
         return saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached"]
-    return tuple(saved)
+    return tuple(saved)  # the earlier format: np.random.get_state() as it was (legacy.py)
 
 
 def saved_cuda_state(state: dict[str, Any], index: int) -> torch.Tensor | None:
@@ -133,9 +133,7 @@ def saved_cuda_state(state: dict[str, Any], index: int) -> torch.Tensor | None:
     saved = state.get("cuda")
     if isinstance(saved, torch.Tensor):
         return saved
-    if isinstance(saved, (list, tuple)) and index < len(saved):
-        return saved[index]
-    return None
+    return legacy.cuda_state_of_list(saved, index)
 
 
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
@@ -327,9 +325,8 @@ def verify_state(path: Path) -> Check:
         return Check(f"{COMPLETE}: unreadable ({_why(e)})")
     except UnicodeDecodeError:
         return Check(f"{COMPLETE}: not text (expected JSON with each file's sha256 and size)")
-    legacy = _LEGACY_MARKER.fullmatch(text)
-    if legacy:
-        return Check(_check_legacy(path), legacy=True)
+    if legacy.LEGACY_MARKER.fullmatch(text):
+        return Check(legacy.check_legacy_state(path, FILES), legacy=True)
     try:
         marker = json.loads(text)
         files = marker["files"]
@@ -367,32 +364,6 @@ def _check_file(path: Path, rec: dict) -> str | None:
     if digest != rec["sha256"]:
         return (f"sha256 {digest[:16]}..., the {COMPLETE} marker records {rec['sha256'][:16]}... "
                 "(contents changed after the save)")
-    return None
-
-
-def _check_legacy(path: Path) -> str | None:
-    """Readability of a state whose marker has no checksums (written by an earlier trainer)."""
-    from safetensors import safe_open
-
-    for name in FILES:
-        if not (path / name).is_file():
-            return f"{name}: missing"
-    try:
-        read_json(path / "meta.json")
-    except (OSError, ValueError) as e:
-        return f"meta.json: unreadable ({e})"
-    try:
-        with safe_open(str(path / "model.safetensors"), "pt") as f:
-            f.keys()
-    except Exception as e:  # SafetensorError: header or coverage (truncation)
-        return f"model.safetensors: unreadable ({' '.join(str(e).split())})"
-    try:
-        with zipfile.ZipFile(path / "trainer.pt") as z:
-            bad = z.testzip()  # CRC of every record: catches truncation and most bit flips
-    except (OSError, zipfile.BadZipFile) as e:
-        return f"trainer.pt: unreadable ({e})"
-    if bad is not None:
-        return f"trainer.pt: record {bad} fails its zip CRC"
     return None
 
 
@@ -436,90 +407,6 @@ def find_resume(run_dir: Path, log) -> tuple[Path, dict] | None:
     return None
 
 
-def _legacy_numpy_globals() -> list:
-    """Exactly what a trainer.pt of the earlier format needs beyond torch's own allow-list:
-    its numpy RNG state was np.random.get_state(), a tuple holding a uint32 array, whose
-    bytes pickle protocol 2 spells as a latin-1 `_codecs.encode` (a data transform)."""
-    import _codecs
-
-    from numpy.core.multiarray import _reconstruct
-
-    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)), _codecs.encode]
-
-
-def _refuse(file: Path, why: str) -> StoreError:
-    return StoreError(f"{file}: refused as a resume state: {why}; a resume state holds only "
-                      "tensors and plain values, and nothing else in it is ever run or "
-                      "built (delete this checkpoint directory to resume from the one before)")
-
-
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = 160
-
-
-def _unpickle_error(e: Exception) -> str:
-    """What torch's weights-only refusal names (`Unsupported global: GLOBAL posix.system`),
-    without its advice to load with weights_only=False."""
-    text = str(e)
-    said = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|\n|$)", text)
-    line = said.group(1) if said else (text.strip().splitlines() or [type(e).__name__])[0]
-    return _SHORT.repr(line.strip())[1:-1]
-
-
-def load_trainer_state(path: Path) -> tuple[dict, bool]:
-    """trainer.pt of a complete state through torch's weights-only unpickler: (state, legacy).
-
-    Only tensors, plain containers and numbers load; a state of the earlier format
-    (`legacy`) may also hold numpy's uint32 array, through an allow-list of exactly its
-    reconstructors, set for this one load. Anything else (a pickled callable, another
-    class) is refused with one line naming the file: a pulled run's checksums are written
-    by whoever wrote the run, so they prove nothing about what the file would execute.
-    """
-    from torch import _weights_only_unpickler as unpickler
-
-    file = Path(path) / "trainer.pt"
-    st = os.lstat(file)
-    if not stat.S_ISREG(st.st_mode):
-        raise _refuse(file, "not a regular file")
-    try:
-        state, legacy = torch.load(file, map_location="cpu", weights_only=True), False
-    except Exception as e:  # UnpicklingError for a forbidden global; RuntimeError for a bad zip
-        if "GLOBAL numpy." not in str(e):
-            raise _refuse(file, _unpickle_error(e)) from None
-        saved = list(unpickler._marked_safe_globals_list)
-        torch.serialization.add_safe_globals(_legacy_numpy_globals())
-        try:
-            state, legacy = torch.load(file, map_location="cpu", weights_only=True), True
-        except Exception as e2:
-            raise _refuse(file, _unpickle_error(e2)) from None
-        finally:
-            unpickler._marked_safe_globals_list[:] = saved
-    problem = _state_problem(state)
-    if problem:
-        raise _refuse(file, problem)
-    return state, legacy
-
-
-def _state_problem(state) -> str | None:
-    """What is wrong with the shape of a loaded trainer state, or None."""
-    if not isinstance(state, dict) or not {"optimizer", "scheduler", "rng"} <= set(state):
-        return "expected a dict with optimizer, scheduler and rng"
-    if not isinstance(state["rng"], list) or not state["rng"]:
-        return "rng: expected a list of per-rank RNG states"
-    for rank, rng in enumerate(state["rng"]):
-        if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
-            return f"rng[{rank}]: expected python, numpy and torch generator states"
-        saved = rng["numpy"]
-        ok = (isinstance(saved, dict) and isinstance(saved.get("keys"), torch.Tensor)) or (
-            isinstance(saved, tuple) and len(saved) == 5 and isinstance(saved[1], np.ndarray)
-            and saved[1].dtype == np.uint32 and saved[1].shape == (624,))
-        if not ok:
-            return f"rng[{rank}].numpy: expected the MT19937 state (624 keys)"
-        if not isinstance(rng["torch"], torch.Tensor):
-            return f"rng[{rank}].torch: expected a ByteTensor"
-    return None
-
-
 def load(path: Path, model: torch.nn.Module, optimizer, scheduler,
          log=None) -> tuple[Position, list[dict], dict]:
     """Load a complete state into model/optimiser/scheduler; returns position, RNG states, meta."""
@@ -527,8 +414,8 @@ def load(path: Path, model: torch.nn.Module, optimizer, scheduler,
     if meta.get("format_version") != FORMAT_VERSION:
         raise StoreError(f"{path}/meta.json: format_version {meta.get('format_version')!r}, "
                          f"this trainer reads {FORMAT_VERSION}")
-    trainer, legacy = load_trainer_state(path)  # before anything is changed in the model
-    if legacy and log is not None:
+    trainer, earlier = load_trainer_state(path)  # before anything is changed in the model
+    if earlier and log is not None:
         log(f"resume: {Path(path).name}/trainer.pt is of the earlier format (numpy RNG state as "
             "an array): loaded through the numpy allow-list; later states are written in the "
             "current format")

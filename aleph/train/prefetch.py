@@ -69,7 +69,7 @@ LENGTH_MULTIPLE = 16
 def bucket_width(width: int, max_len: int) -> int:
     """The compiled batch width for a batch whose longest row is `width` tokens: the next
     multiple of 16, at most max_len (few graph shapes, less padding than max_len always;
-    figures in bench/bench_lengths.py and docs/ARCHITECTURE.md)."""
+    measured by bench/bench_lengths.py)."""
     return min(-(-width // LENGTH_MULTIPLE) * LENGTH_MULTIPLE, max_len)
 
 

@@ -25,7 +25,7 @@ from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
 from aleph.record.launch import choose_action
 from aleph.record.layout import RunLayout
-from aleph.train import outputs, preflight
+from aleph.train import legacy, outputs, preflight
 from aleph.train.checkpoint import complete_steps
 from aleph.train.config import TrainConfig, check_same_run, to_dict
 from aleph.train.distributed import World, check_divisible, init_world
@@ -69,7 +69,7 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
             print(f"aleph train: run {run_ref(run_dir)} in {run_dir}; checking the inputs first "
                   "(nothing is written until they pass)", flush=True)
         inputs = _checked_inputs(cfg, world)  # before the run directory exists
-        older = _older_layout(cfg, run_dir) if world.is_main and name is None else None
+        older = legacy.older_layout(cfg, run_dir) if world.is_main and name is None else None
         if older is not None and not run_dir.exists():
             print(f"aleph train: note: {older} is a {cfg.preset}-preset run of an older aleph-e1 "
                   f"(its runs were runs/<arm>-s<seed>); this launch starts {run_dir}. To "
@@ -232,30 +232,6 @@ def _end(manifest: outputs.Manifest | None, monitor: heartbeat.LaunchMonitor, tr
     outputs.write_executed(manifest, tracer, launch_id)
 
 
-def _older_layout(cfg: TrainConfig, run_dir: Path) -> Path | None:
-    """The directory an older aleph-e1 gave this run, when it differs from `run_dir`:
-    before runs/<preset>/, every preset's runs were runs/<arm>-s<seed>."""
-    old = run_dir.parents[1] / f"{cfg.arm}-s{cfg.seed}" if cfg.preset != TOP_LEVEL_PRESET else None
-    if old is None or run_dir.parent.name != cfg.preset or not RunLayout(old).config.is_file():
-        return None
-    try:
-        return old if read_json(RunLayout(old).config).get("preset") == cfg.preset else None
-    except ValueError:
-        return None
-
-
-def _check_not_moved(run_dir: Path, saved: dict, cfg: TrainConfig) -> None:
-    """An e1 launch finding another preset's run in its directory (the older layout put
-    every preset there) says so and how to move it, instead of listing field mismatches."""
-    was = saved.get("preset")
-    if was and was != cfg.preset and run_dir.name == f"{cfg.arm}-s{cfg.seed}":
-        raise ConfigError(
-            f"{run_dir} holds a {was}-preset run, not an {cfg.preset} one (an older aleph-e1 "
-            f"put every preset's runs there; they now live under runs/{was}/): move it with "
-            f"`mv {run_dir} {run_dir.parent / was / run_dir.name}` and relaunch, or give this "
-            "run another name with --name")
-
-
 def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:
     """Refuse a config that computes something else than the run's trained state.
 
@@ -269,7 +245,7 @@ def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:
         except ValueError as e:
             raise ConfigError(f"{path}: unreadable ({e}); it was written atomically, so it was "
                               "edited by hand: restore it or remove the run directory") from e
-        _check_not_moved(run_dir, saved, cfg)
+        legacy.check_not_moved(run_dir, saved, cfg)
         try:
             check_same_run(saved, cfg)
             return

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from aleph.env.cgroup import read_memory
-from aleph.record import fingerprint, heartbeat
+from aleph.record import executed, fingerprint, heartbeat
 from aleph.record.launch import (
     NOOP,
     NOTHING,
@@ -61,17 +61,17 @@ def test_scopes_hash_code_not_comments_and_map_lines_to_the_innermost_function()
 
 def test_a_hunk_is_executed_by_the_runs_that_ran_a_changed_function():
     old, new = fingerprint.scopes(SOURCE), fingerprint.scopes(SOURCE.replace("return 2", "return 3"))
-    v = fingerprint.classify_hunk([9], [9], old, new, {"A": {"f", "f.<locals>.g"}, "B": {"f"}})
+    v = executed.classify_hunk([9], [9], old, new, {"A": {"f", "f.<locals>.g"}, "B": {"f"}})
     assert (v.changed, v.executed_by) == (["f.<locals>.g"], ["A"])
     assert v.describe() == "f.<locals>.g: executed by A"
-    v = fingerprint.classify_hunk([9], [9], old, new, {"A": {"f"}, "B": {"<module>"}})
+    v = executed.classify_hunk([9], [9], old, new, {"A": {"f"}, "B": {"<module>"}})
     assert v.describe() == "f.<locals>.g: executed by neither"
     comment = fingerprint.scopes(SOURCE.replace("# comment", "# other"))
-    v = fingerprint.classify_hunk([11], [11], old, comment, {"A": {"f"}})
+    v = executed.classify_hunk([11], [11], old, comment, {"A": {"f"}})
     assert v.describe() == "no code change (comments, docstrings or formatting only)"
     # a new function: its lines exist on the new side only
     added = fingerprint.scopes(SOURCE + "\n\ndef h():\n    return 1\n")
-    v = fingerprint.classify_hunk([], [19, 20, 21, 22], old, added, {"A": {"<module>"}, "B": {"<module>"}})
+    v = executed.classify_hunk([], [19, 20, 21, 22], old, added, {"A": {"<module>"}, "B": {"<module>"}})
     assert (v.changed, v.executed_by) == (["h"], [])
 
 

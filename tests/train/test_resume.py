@@ -104,10 +104,17 @@ def test_changed_config_is_refused_without_touching_the_run(train_work):
 def test_config_may_change_until_something_was_trained(train_work):
     run_dir = train_work / "runs" / "smoke" / "a2_dense-s4"
     bad = run_train(train_work, train_cmd("a2_dense", 4, "max_steps=2", "batch_size=2048"))
-    assert bad.returncode == 2
-    assert "'batch_size': 2048 exceeds the 1024 rows" in bad.stderr
+    assert bad.returncode == 2 and "'batch_size': 2048 exceeds the 1024 rows" in bad.stderr
+    assert not run_dir.exists()  # refused before the run directory: no trace
+    # a first launch that is on record but trains nothing: stopped before its first step
+    first = start_train(train_work, train_cmd("a2_dense", 4, "max_steps=2", "batch_size=64"),
+                        ALEPH_TRAIN_PAUSE_IN_PREFLIGHT="model")
+    wait_for_log(run_dir, "paused in preflight before model", first)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=120) == 0
     launch = json.loads((run_dir / "manifest.json").read_text())["launches"][0]
-    assert (launch["status"], launch["exit_status"]) == ("failed", 2)
+    assert launch["status"] == "stopped" and not (run_dir / "checkpoints").exists()
+    assert json.loads((run_dir / "config.json").read_text())["batch_size"] == 64
     good = run_train(train_work, train_cmd("a2_dense", 4, "max_steps=2"))
     assert good.returncode == 0, good.stderr
     assert "config replaced (no resume state yet, nothing trained)" in good.stdout

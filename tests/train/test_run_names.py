@@ -84,7 +84,7 @@ def test_runs_of_the_older_layout_are_named_with_the_move_that_continues_them(tm
     from aleph.errors import ConfigError
     from aleph.train.config import resolve, to_dict
     from aleph.train.identity import run_dir_for
-    from aleph.train.run import _check_not_moved, _older_layout
+    from aleph.train.legacy import check_not_moved, older_layout
 
     monkeypatch.setenv("ALEPH_WORK", str(tmp_path))
     smoke = resolve("smoke", arm="a2_dense")
@@ -92,11 +92,11 @@ def test_runs_of_the_older_layout_are_named_with_the_move_that_continues_them(tm
     old = tmp_path / "runs" / "a2_dense-s0"
     old.mkdir(parents=True)
     (old / "config.json").write_text(json.dumps(to_dict(smoke)))
-    assert _older_layout(smoke, run_dir_for(smoke)) == old
-    assert _older_layout(smoke, run_dir_for(smoke, "other")) is None  # a --name: no guess
+    assert older_layout(smoke, run_dir_for(smoke)) == old
+    assert older_layout(smoke, run_dir_for(smoke, "other")) is None  # a --name: no guess
     with pytest.raises(ConfigError, match=r"holds a smoke-preset run, not an e1 one .*`mv .*"
                        r"runs/a2_dense-s0 .*runs/smoke/a2_dense-s0`"):
-        _check_not_moved(run_dir_for(e1), to_dict(smoke), e1)
-    _check_not_moved(run_dir_for(e1), to_dict(e1), e1)  # its own preset: nothing to say
+        check_not_moved(run_dir_for(e1), to_dict(smoke), e1)
+    check_not_moved(run_dir_for(e1), to_dict(e1), e1)  # its own preset: nothing to say
     (old / "config.json").write_text(json.dumps(to_dict(e1)))
-    assert _older_layout(smoke, run_dir_for(smoke)) is None  # an e1 run there is no smoke run
+    assert older_layout(smoke, run_dir_for(smoke)) is None  # an e1 run there is no smoke run
