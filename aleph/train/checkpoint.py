@@ -61,6 +61,7 @@ from aleph._io import (
 from aleph.errors import QuotaError, StoreError
 from aleph.record.layout import CHECKPOINTS
 from aleph.train import legacy
+from aleph.train.optim import device_flags, restore_device_flags
 from aleph.train.trainer_state import load_trainer_state
 
 CKPT_DIR = CHECKPOINTS
@@ -422,7 +423,9 @@ def load(path: Path, model: torch.nn.Module, optimizer, scheduler,
     plain = getattr(model, "_orig_mod", model)
     state = safetensors.torch.load_file(str(path / "model.safetensors"))
     plain.load_state_dict(state, strict=True)
+    built = device_flags(optimizer)
     optimizer.load_state_dict(trainer["optimizer"])
+    restore_device_flags(optimizer, built)  # the fused kernel follows the device, not the state
     scheduler.load_state_dict(trainer["scheduler"])
     fields = ("step", "epoch", "batch_in_epoch", "samples_seen", "train_seconds")
     pos = Position(**{k: meta[k] for k in fields})

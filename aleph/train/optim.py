@@ -47,3 +47,28 @@ def make_scheduler(opt, cfg: TrainConfig, total_steps: int):
         opt, lambda s: lr_factor(s, warmup, total_steps, cfg.min_lr_ratio))
 
 
+
+
+DEVICE_FLAGS = ("fused", "foreach", "capturable")
+"""Param-group settings that depend on the device, not on the run: a resume must keep the
+ones make_optimizer chose here (load_state_dict replaces them with the saved ones)."""
+
+
+def device_flags(opt: torch.optim.Optimizer) -> list[dict]:
+    """Each group's DEVICE_FLAGS, as the optimiser was built."""
+    return [{k: g[k] for k in DEVICE_FLAGS if k in g} for g in opt.param_groups]
+
+
+def restore_device_flags(opt: torch.optim.Optimizer, built: list[dict]) -> None:
+    """After load_state_dict: the groups' device flags as built for this device (a CPU state
+    resumed on CUDA keeps the fused kernel, a CUDA state on CPU drops it), and every step
+    counter where those flags read it: on the parameter's device for fused/capturable, on
+    the host otherwise (torch 2.4 leaves it where the saved flags wanted it)."""
+    for group, want in zip(opt.param_groups, built, strict=True):
+        group.update(want)
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            state = opt.state.get(p)
+            if state and torch.is_tensor(state.get("step")):
+                where = p.device if on_device else torch.device("cpu")
+                state["step"] = state["step"].to(device=where, dtype=torch.float32)

@@ -36,6 +36,29 @@ def pick_device(cfg: TrainConfig, world: World) -> torch.device:
     return torch.device("cuda", world.local_rank)
 
 
+def check_e1_device(cfg: TrainConfig, wants_cuda: bool) -> None:
+    """An e1 launch with device=auto and no usable CUDA device is refused (one line, torch's
+    reason): E1 on the CPU would train for months, with only "allocator cap: none" to say so.
+    `--set device=cpu` stays possible on purpose."""
+    if cfg.preset == "e1" and cfg.device == "auto" and not wants_cuda:
+        raise ConfigError(
+            f"config field 'device': 'auto' found no usable CUDA device ({cuda_reason()}); an e1 "
+            "arm on the CPU would train for months: fix the GPU setup (driver >= 550.54.15 for "
+            "CUDA 12.4, CUDA_VISIBLE_DEVICES), or --set device=cpu to train on the CPU on purpose")
+
+
+def cuda_reason() -> str:
+    """Why torch cannot use CUDA here, in its own words (first sentence)."""
+    if torch.cuda.is_available():
+        return "CUDA is available"
+    try:
+        torch.cuda.init()
+    except Exception as e:  # RuntimeError/AssertionError with the driver's or torch's reason
+        said = " ".join(str(e).split()) or type(e).__name__
+        return said.split(". ")[0].rstrip(".")[:200]
+    return "torch.cuda.is_available() is False"
+
+
 def apply_allocator_cap(cfg: TrainConfig, device: torch.device) -> str:
     """Cap this process's share of the GPU (so two arms can share one card safely)."""
     if cfg.alloc_cap_fraction is None:

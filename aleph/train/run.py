@@ -69,6 +69,7 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
             print(f"aleph train: run {run_ref(run_dir)} in {run_dir}; checking the inputs first "
                   "(nothing is written until they pass)", flush=True)
         inputs = _checked_inputs(cfg, world)  # before the run directory exists
+        preflight.check_e1_device(cfg, wants_cuda)  # so is this refusal: no trace
         older = legacy.older_layout(cfg, run_dir) if world.is_main and name is None else None
         if older is not None and not run_dir.exists():
             print(f"aleph train: note: {older} is a {cfg.preset}-preset run of an older aleph-e1 "

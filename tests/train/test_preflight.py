@@ -279,3 +279,25 @@ def test_hashing_a_caption_source_reports_rows_share_and_eta(work, tmp_path, mon
     lines.clear()
     preflight.captions_digest(str(f), open_captions, say=lines.append)  # memo hit: one line
     assert len(lines) == 1 and lines[0].startswith(f"inputs: captions {f}: content hash memoised")
+
+
+def test_an_e1_launch_without_a_usable_cuda_device_is_refused_in_one_line(train_work, capsys):
+    """device=auto would quietly train E1 on the CPU for months; device=cpu says so on purpose."""
+    import torch
+
+    from aleph.cli import main
+    from aleph.train.preflight import check_e1_device
+
+    if torch.cuda.is_available():
+        pytest.skip("a usable CUDA device is present")
+    data = smoke_dir(train_work)
+    assert main(["train", "--arm", "a2_dense", "--seed", "3", "--set",
+                 f"captions={data / 'captions.txt'}", "--set", f"targets={data / 'targets'}",
+                 "--set", f"tokenizer={data / 'tokenizer'}", "--set", "batch_size=32"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("aleph train: error: config field 'device': 'auto' "
+                                               "found no usable CUDA device (")
+    assert "--set device=cpu to train on the CPU on purpose" in err[0]
+    assert not (train_work / "runs").exists()
+    check_e1_device(_e1_config(data, data / "targets", "device=cpu"), wants_cuda=False)
+    check_e1_device(resolve("smoke", arm="a2_dense"), wants_cuda=False)  # only e1 is refused
