@@ -111,6 +111,12 @@ class AlephEncoder(nn.Module):
         for bank in self.banks():
             bank.dispatch = bool(enabled)
 
+    def set_gauges(self, enabled: bool) -> None:
+        """Whether the next forwards record the address statistics health() reports (the
+        trainer: only on the steps that log gauges; eager mode then skips their ops)."""
+        for bank in self.banks():
+            bank.gauges = bool(enabled)
+
     def health(self) -> dict[str, float]:
         """Per-layer gauges `layerNN/<gauge>` of the bank arms; {} for a2. One host transfer
         for all of them (about 108 gauges at E1: one sync each would stall a GPU step)."""
