@@ -231,6 +231,7 @@ def after_step_saves(s, stop: loop.StopFlag, clock: Clock) -> tuple[bool, bool]:
 
 def one_step(s, batches: prefetch.Prefetcher) -> loop.StepResult:
     ids, mask, target = batches.take(s.pos.epoch, s.pos.batch_in_epoch, s.pos.step)
+    s.model.set_gauges((n := s.pos.step + 1) % s.cfg.log_every_steps == 0 or n == s.total_steps)
     return loop.train_step(s.net, s.opt, s.sched, ids, mask, target, s.cfg, s.world,
                            s.pos.step, s.device)
 
