@@ -69,11 +69,10 @@ class AnchoredBank(nn.Module):
                  gate_init: float, learned_anchors: bool, init: str = "e1_orthogonal") -> None:
         super().__init__()
         self.n_anchors, self.ff = n_anchors, ff
-        # Drawn in the earlier layout's order and shapes (trunk in, trunk out, anchors,
-        # experts), so a seed gives the same numbers as before the layouts were merged.
-        trunk_in, trunk_out = torch.empty(ff, d_model), torch.empty(d_model, ff)
-        init_matrix(trunk_in, init)
-        init_matrix(trunk_out, init)
+        # Drawn as the earlier layout drew them (a DenseFFN trunk, with nn.Linear's own
+        # draws, then the anchors, then the experts): a seed gives the same numbers.
+        trunk = DenseFFN(d_model, ff, init)
+        trunk_in, trunk_out = trunk.w_in.weight.detach(), trunk.w_out.weight.detach()
         self.address = Address(d_model, n_anchors, tau, learned=learned_anchors)
         if init == "normal_0.02":  # the former draw, kept as it was (same RNG use)
             experts = torch.randn(n_anchors, d_model, ff) * _STD  # (K, D, ff)
