@@ -46,12 +46,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_peaks beside this file
 
+from gpu_peaks import peak_tflops  # noqa: E402
+
 from aleph.model import ARMS, ModelConfig, build_model  # noqa: E402
 from aleph.model.objective import distill_loss  # noqa: E402
 from aleph.train.config import resolve  # noqa: E402
 from aleph.train.distributed import World  # noqa: E402
 from aleph.train.loop import fixed_length, make_optimizer, make_scheduler, train_step  # noqa: E402
-from gpu_peaks import peak_tflops  # noqa: E402
 
 SMOKE = dict(vocab_size=400, max_len=32, d_model=64, n_layers=2, n_heads=4, ffn_dense=256,
              ffn_expert=64)
