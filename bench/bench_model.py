@@ -195,6 +195,7 @@ def main() -> int:
                     help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--no-cuda", action="store_true", help="CPU figures only")
     ap.add_argument("--no-compile", action="store_true", help="CUDA: eager only, no torch.compile")
+    ap.add_argument("--no-eager", action="store_true", help="CUDA: compiled only")
     ap.add_argument("--peak-tflops", type=_number(float, 1e-9),
                     help="dense bf16 peak of the GPU in TFLOP/s (default: from the built-in table)")
     ap.add_argument("--min-len", type=_number(int, 1), default=8,
@@ -253,7 +254,8 @@ def on_cuda(args) -> list[dict]:
     peak = _peak(name, args.peak_tflops)
     print(f"cuda: {name}, bf16 dense peak {peak} TFLOP/s")
     for arm in args.arms:
-        for comp in (False,) if args.no_compile else (False, True):
+        modes = [m for m, off in ((False, args.no_eager), (True, args.no_compile)) if not off]
+        for comp in modes:
             r = measure(arm, E1, args.gpu_batch, args.gpu_steps, dev, True, comp,
                         min_len=min(args.min_len, E1["max_len"]))
             r["gpu"], r["peak_tflops"] = name, peak
