@@ -24,15 +24,6 @@ def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bias.masked_fill_(~mask, float("-inf"))[:, None, None, :]  # (B, 1, 1, L)
 
 
-def has_padding(mask: torch.Tensor) -> bool:
-    """Whether the batch has padded slots, where knowing costs no device sync: a CPU mask
-    is read; a device mask (reading it would stall the host) or a compiled forward (a
-    data-dependent branch would break the graph) counts as padded."""
-    if torch.compiler.is_compiling() or mask.device.type != "cpu":
-        return True
-    return not bool(mask.all())
-
-
 class Attention(nn.Module):
     """Multi-head self-attention through scaled_dot_product_attention, with an additive key
     bias or none (no padding: SDPA may then pick its flash kernel)."""
@@ -103,13 +94,13 @@ class AlephEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """attention_mask None: every slot is a real token (no attention mask at all)."""
+        """attention_mask None: every slot is a real token, and no attention mask is passed
+        (SDPA may pick its flash kernel). The mask is never read here (on a GPU that would
+        be a host sync): a caller whose host batch has no padding passes None."""
         n = input_ids.shape[1]
         if n > self.config.max_len:
             raise ValueError(f"input length {n} exceeds ModelConfig.max_len {self.config.max_len}")
         mask = None if attention_mask is None else attention_mask.bool()  # (B, L) True on real
-        if mask is not None and not has_padding(mask):
-            mask = None  # no padding: no mask (SDPA's flash kernel needs none)
         pos = torch.arange(n, device=input_ids.device)  # (L,)
         x = self.drop(self.tok(input_ids) + self.pos(pos))  # (B, L, D)
         # Rows must hold >= 1 real token (tokenizers always add [CLS]/[SEP]): an all-padding
