@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aleph.errors import StoreError
 from aleph.model.address import Address
 
 _STD = 0.02  # scale of the "normal_0.02" scheme (BERT-style)
@@ -38,7 +39,7 @@ def init_matrix(weight: torch.Tensor, init: str) -> None:
 
 
 class DenseFFN(nn.Module):
-    """a2 (and the bank's trunk): Linear d->ff, GELU, Linear ff->d, no bias."""
+    """a2: Linear d->ff, GELU, Linear ff->d, no bias (the bank draws its trunk's init with one)."""
 
     def __init__(self, d_model: int, ff: int, init: str = "e1_orthogonal") -> None:
         super().__init__()
@@ -62,7 +63,8 @@ class AnchoredBank(nn.Module):
     between are scaled per token by (1, c_1, ..., c_K), c_k = w_k * sigmoid(g_k). Expert
     w_out blocks start at zero, so at init the bank *is* its trunk. `blocks()` gives the
     per-expert views; `upgrade_bank_state` maps weights of the earlier layout (a separate
-    trunk Linear pair and (K, D, ff) / (K, ff, D) expert stacks) onto this one.
+    trunk Linear pair and (K, D, ff) / (K, ff, D) expert stacks) onto this one
+    (io.load_model does); a resume state of that layout is refused in one line.
     """
 
     def __init__(self, d_model: int, ff: int, n_anchors: int, tau: float,
@@ -125,7 +127,15 @@ class AnchoredBank(nn.Module):
         return h.flatten(-2) @ self.w_out  # (B, L, D) = trunk + sum_k c_k expert_k
 
     def _upgrade_hook(self, state: dict, prefix: str, *args) -> None:
-        upgrade_bank_state(state, prefix, self.n_anchors)
+        """load_state_dict of weights in the earlier layout: refused in one line. Reached
+        only by a resume state (io.load_model maps such weights before loading), whose
+        optimiser state holds the earlier parameters and cannot continue here."""
+        if f"{prefix}trunk.w_in.weight" in state:
+            raise StoreError(
+                f"{prefix.rstrip('.')}: weights of the earlier bank layout (a separate trunk, "
+                "(K, D, ff) expert stacks): a resume state written before the bank's matmuls "
+                "were merged cannot continue (its optimiser state holds the earlier "
+                "parameters); its weights still load for evaluation (aleph.model.io.load_model)")
 
     @torch.no_grad()
     def _record(self, w: torch.Tensor, mask: torch.Tensor | None) -> None:
@@ -158,7 +168,8 @@ class AnchoredBank(nn.Module):
         return out
 
     def health(self) -> dict[str, float]:
-        """Gauges of this bank; address-derived ones describe the last forward with dispatch on."""
+        """Gauges of this bank; address-derived ones describe the last forward that recorded
+        them (dispatch on, gauges on or compiled)."""
         return tensors_to_floats(self.health_tensors())
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from aleph.errors import StoreError
 from aleph.model import build_model
+from aleph.model.bank import upgrade_bank_state
 from aleph.model.io import CONFIG, WEIGHTS, load_model
 
 
@@ -59,7 +60,10 @@ def test_earlier_layout_loads_into_the_merged_one_with_equal_outputs(trained, ti
     assert "blocks.0.ffn.trunk.w_in.weight" in old and old["blocks.0.ffn.w_in"].ndim == 3
     torch.manual_seed(1)  # another init: everything must come from the loaded weights
     fresh = build_model(tiny("a1_anchored")).eval()
-    fresh.load_state_dict(old, strict=True)  # the trainer's resume path
+    mapped = dict(old)
+    for i in range(cfg.n_layers):
+        assert upgrade_bank_state(mapped, f"blocks.{i}.ffn.", 3)
+    fresh.load_state_dict(mapped, strict=True)
     for k, v in trained.state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v), k
     ids, mask = torch.randint(5, 200, (3, 12)), torch.ones(3, 12, dtype=torch.bool)
@@ -73,6 +77,18 @@ def test_earlier_layout_loads_into_the_merged_one_with_equal_outputs(trained, ti
     (tmp_path / WEIGHTS).write_bytes(safetensors.torch.save(old))
     (tmp_path / CONFIG).write_text(json.dumps(cfg.to_dict()))
     assert torch.equal(load_model(tmp_path).eval()(ids, mask), trained(ids, mask))
+
+
+def test_a_resume_state_of_the_earlier_layout_is_refused_in_one_line(trained):
+    """The trainer's resume loads with load_state_dict: its optimiser state has the
+    earlier parameters, so the earlier layout is refused there, in one line."""
+    cfg = trained.config
+    old = _earlier_layout(trained.state_dict(), cfg.n_layers, cfg.ffn_expert)
+    with pytest.raises(StoreError) as e:
+        trained.load_state_dict(old, strict=True)
+    msg = str(e.value)
+    assert msg.count("\n") == 0 and msg.startswith("blocks.0.ffn: weights of the earlier bank layout")
+    assert "cannot continue" in msg and "load_model" in msg
 
 
 def test_an_earlier_layout_of_another_expert_count_is_refused_in_one_line(trained, tmp_path):
