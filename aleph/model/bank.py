@@ -98,7 +98,7 @@ class AnchoredBank(nn.Module):
         self.register_buffer("_usage", torch.zeros(2 * n_anchors), persistent=False)
         self.register_buffer("_neg", torch.zeros(()), persistent=False)
         self.register_buffer("_count", torch.zeros(()), persistent=False)
-        self._register_load_state_dict_pre_hook(self._upgrade_hook)
+        self._register_load_state_dict_pre_hook(self._refuse_earlier_layout)
 
     def blocks(self) -> dict[str, torch.Tensor]:
         """Views of the merged matrices: trunk_in (D, ff), trunk_out (ff, D), and for each
@@ -126,7 +126,7 @@ class AnchoredBank(nn.Module):
         h = h.unflatten(-1, (self.n_anchors + 1, self.ff)) * coef.unsqueeze(-1)  # (B, L, 1+K, ff)
         return h.flatten(-2) @ self.w_out  # (B, L, D) = trunk + sum_k c_k expert_k
 
-    def _upgrade_hook(self, state: dict, prefix: str, *args) -> None:
+    def _refuse_earlier_layout(self, state: dict, prefix: str, *args) -> None:
         """load_state_dict of weights in the earlier layout: refused in one line. Reached
         only by a resume state (io.load_model maps such weights before loading), whose
         optimiser state holds the earlier parameters and cannot continue here."""
