@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aleph.errors import StoreError
 from aleph.model.address import Address
 
 _STD = 0.02  # scale of the "normal_0.02" scheme (BERT-style)
@@ -38,7 +39,7 @@ def init_matrix(weight: torch.Tensor, init: str) -> None:
 
 
 class DenseFFN(nn.Module):
-    """a2 (and the bank's trunk): Linear d->ff, GELU, Linear ff->d, no bias."""
+    """a2: Linear d->ff, GELU, Linear ff->d, no bias (the bank draws its trunk's init with one)."""
 
     def __init__(self, d_model: int, ff: int, init: str = "e1_orthogonal") -> None:
         super().__init__()
@@ -54,53 +55,87 @@ class DenseFFN(nn.Module):
 class AnchoredBank(nn.Module):
     """out = trunk(x) + sum_k w_k(x) * sigmoid(g_k) * expert_k(x).
 
-    Every expert runs on every token (no top-k, no argmax, no balance loss); the K
-    experts are evaluated as one (D, K*ff) and one (K*ff, D) matmul, with the signed,
-    gated coefficients applied to the hidden units in between. w_out starts at zero, so
-    at init the bank *is* its trunk, bit for bit. With init "e1_orthogonal" each expert's
-    w_in[k] (D, ff) is orthogonal on its own, as in the public E1-form bank.
+    Every expert runs on every token (no top-k, no argmax, no balance loss). The trunk and
+    the K experts are one (D, (1 + K) * ff) input matmul and one ((1 + K) * ff, D) output
+    matmul: `w_in` holds the trunk's input map in columns [0, ff) and expert k's in
+    [(1 + k) * ff, (2 + k) * ff), `w_out` the output maps in the same row blocks (the
+    layout the matmuls read: nothing is permuted or copied per forward). The hidden units
+    between are scaled per token by (1, c_1, ..., c_K), c_k = w_k * sigmoid(g_k). Expert
+    w_out blocks start at zero, so at init the bank *is* its trunk. `blocks()` gives the
+    per-expert views; `upgrade_bank_state` maps weights of the earlier layout (a separate
+    trunk Linear pair and (K, D, ff) / (K, ff, D) expert stacks) onto this one
+    (io.load_model does); a resume state of that layout is refused in one line.
     """
 
     def __init__(self, d_model: int, ff: int, n_anchors: int, tau: float,
                  gate_init: float, learned_anchors: bool, init: str = "e1_orthogonal") -> None:
         super().__init__()
         self.n_anchors, self.ff = n_anchors, ff
-        self.trunk = DenseFFN(d_model, ff, init)
+        # Drawn as the earlier layout drew them (a DenseFFN trunk, with nn.Linear's own
+        # draws, then the anchors, then the experts): a seed gives the same numbers.
+        trunk = DenseFFN(d_model, ff, init)
+        trunk_in, trunk_out = trunk.w_in.weight.detach(), trunk.w_out.weight.detach()
         self.address = Address(d_model, n_anchors, tau, learned=learned_anchors)
         if init == "normal_0.02":  # the former draw, kept as it was (same RNG use)
-            w_in = torch.randn(n_anchors, d_model, ff) * _STD
+            experts = torch.randn(n_anchors, d_model, ff) * _STD  # (K, D, ff)
         else:
-            w_in = torch.empty(n_anchors, d_model, ff)
+            experts = torch.empty(n_anchors, d_model, ff)
             for k in range(n_anchors):
-                init_matrix(w_in[k], init)
-        self.w_in = nn.Parameter(w_in)  # (K, D, ff)
-        self.w_out = nn.Parameter(torch.zeros(n_anchors, ff, d_model))  # (K, ff, D)
+                init_matrix(experts[k], init)  # each expert's (D, ff) orthogonal on its own
+        w_in = torch.cat([trunk_in.T, experts.permute(1, 0, 2).reshape(d_model, -1)], dim=1)
+        w_out = torch.cat([trunk_out.T, torch.zeros(n_anchors * ff, d_model)], dim=0)
+        self.w_in = nn.Parameter(w_in.contiguous())  # (D, (1+K)*ff)
+        self.w_out = nn.Parameter(w_out)  # ((1+K)*ff, D)
         self.gates = nn.Parameter(torch.full((n_anchors,), float(gate_init)))  # (K,)
         self.dispatch = True
-        # Summary of the last forward's address, for health(): |w| mass on each of the
-        # 2K half-axes (k+, k-), negative-weight count, token count. Updated in place
+        self.gauges = True
+        """Record the address statistics of health() in every forward (True), or not
+        (False: the trainer's steps that log no gauges; under torch.compile they are always
+        recorded, as fused kernels, so switching this never recompiles)."""
+        # Summary of the last recorded forward's address, for health(): |w| mass on each of
+        # the 2K half-axes (k+, k-), negative-weight count, token count. Updated in place
         # so torch.compile sees a buffer mutation, not a Python attribute write.
         self.register_buffer("_usage", torch.zeros(2 * n_anchors), persistent=False)
         self.register_buffer("_neg", torch.zeros(()), persistent=False)
         self.register_buffer("_count", torch.zeros(()), persistent=False)
+        self._register_load_state_dict_pre_hook(self._refuse_earlier_layout)
+
+    def blocks(self) -> dict[str, torch.Tensor]:
+        """Views of the merged matrices: trunk_in (D, ff), trunk_out (ff, D), and for each
+        expert k in_k (D, ff), out_k (ff, D)."""
+        ff, out = self.ff, {}
+        for j, name in enumerate(["trunk", *(str(k) for k in range(self.n_anchors))]):
+            out[f"{name}_in"] = self.w_in[:, j * ff:(j + 1) * ff]
+            out[f"{name}_out"] = self.w_out[j * ff:(j + 1) * ff]
+        return out
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, L, D); mask (B, L) bool, True on real tokens (health counts only those)."""
-        out = self.trunk(x)  # (B, L, D)
-        if not self.dispatch:
-            return out
-        w = self.address(x)  # (B, L, K) float32
-        self._record(w, mask)
-        k, d, ff = self.w_in.shape
-        w_in = self.w_in.permute(1, 0, 2).reshape(d, k * ff)  # (D, K*ff)
-        h = F.gelu(x @ w_in.to(x.dtype))  # (B, L, K*ff)
-        # The hidden's dtype, not x's: under bf16 autocast x (a LayerNorm output) is fp32
-        # while the matmul gives bf16; an fp32 coef would promote the (B, L, K*ff) hidden to
-        # fp32 and back (memory traffic a2's dense FFN does not pay).
-        coef = (w * torch.sigmoid(self.gates.float())).to(h.dtype)  # (B, L, K)
-        h = h.unflatten(-1, (k, ff)) * coef.unsqueeze(-1)  # (B, L, K, ff)
-        experts = h.flatten(-2) @ self.w_out.reshape(k * ff, d).to(x.dtype)  # (B, L, D)
-        return out + experts  # (B, L, D)
+        h = F.gelu(x @ self.w_in)  # (B, L, (1+K)*ff), trunk and experts in one matmul
+        if self.dispatch:
+            w = self.address(x)  # (B, L, K) float32
+            if torch.compiler.is_compiling() or self.gauges:  # this order: no guard on gauges
+                self._record(w, mask)
+            # The hidden's dtype, not x's: under bf16 autocast x (a LayerNorm output) is fp32
+            # while the matmul gives bf16; an fp32 coef would promote the hidden to fp32 and
+            # back (memory traffic a2's dense FFN does not pay).
+            coef = (w * torch.sigmoid(self.gates.float())).to(h.dtype)  # (B, L, K)
+        else:  # trunk only: the experts' hidden scaled by 0 (same matmuls, so same rounding)
+            coef = h.new_zeros(*h.shape[:-1], self.n_anchors)  # (B, L, K)
+        coef = F.pad(coef, (1, 0), value=1.0)  # (B, L, 1+K): the trunk's scale is 1
+        h = h.unflatten(-1, (self.n_anchors + 1, self.ff)) * coef.unsqueeze(-1)  # (B, L, 1+K, ff)
+        return h.flatten(-2) @ self.w_out  # (B, L, D) = trunk + sum_k c_k expert_k
+
+    def _refuse_earlier_layout(self, state: dict, prefix: str, *args) -> None:
+        """load_state_dict of weights in the earlier layout: refused in one line. Reached
+        only by a resume state (io.load_model maps such weights before loading), whose
+        optimiser state holds the earlier parameters and cannot continue here."""
+        if f"{prefix}trunk.w_in.weight" in state:
+            raise StoreError(
+                f"{prefix.rstrip('.')}: weights of the earlier bank layout (a separate trunk, "
+                "(K, D, ff) expert stacks): a resume state written before the bank's matmuls "
+                "were merged cannot continue (its optimiser state holds the earlier "
+                "parameters); its weights still load for evaluation (aleph.model.io.load_model)")
 
     @torch.no_grad()
     def _record(self, w: torch.Tensor, mask: torch.Tensor | None) -> None:
@@ -133,7 +168,8 @@ class AnchoredBank(nn.Module):
         return out
 
     def health(self) -> dict[str, float]:
-        """Gauges of this bank; address-derived ones describe the last forward with dispatch on."""
+        """Gauges of this bank; address-derived ones describe the last forward that recorded
+        them (dispatch on, gauges on or compiled)."""
         return tensors_to_floats(self.health_tensors())
 
 
@@ -143,3 +179,25 @@ def tensors_to_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
         return {}
     stacked = torch.stack([v.detach().float().reshape(()) for v in values.values()])
     return dict(zip(values, stacked.tolist(), strict=True))
+
+
+def upgrade_bank_state(state: dict, prefix: str, n_anchors: int) -> bool:
+    """Map one bank's weights of the earlier layout in `state` (in place) onto the merged
+    one; True when something was mapped.
+
+    Earlier: `<prefix>trunk.w_in.weight` (ff, D), `trunk.w_out.weight` (D, ff), `w_in`
+    (K, D, ff), `w_out` (K, ff, D). Now: `w_in` (D, (1+K)*ff) = [trunk_in.T | w_in[0] |
+    ... ], `w_out` ((1+K)*ff, D) = [trunk_out.T ; w_out[0] ; ...]: the same numbers.
+    """
+    old = [f"{prefix}trunk.w_in.weight", f"{prefix}trunk.w_out.weight", f"{prefix}w_in",
+           f"{prefix}w_out"]
+    if not all(k in state for k in old):
+        return False  # not the earlier layout (a strict load names what is missing)
+    t_in, t_out, e_in, e_out = (state.pop(k) for k in old)
+    if e_in.ndim != 3 or e_in.shape[0] != n_anchors:
+        raise ValueError(f"{prefix}w_in: earlier-layout expert stack of shape "
+                         f"{tuple(e_in.shape)}, expected ({n_anchors}, D, ff)")
+    d = t_in.shape[1]
+    state[f"{prefix}w_in"] = torch.cat([t_in.T, e_in.permute(1, 0, 2).reshape(d, -1)], 1)
+    state[f"{prefix}w_out"] = torch.cat([t_out.T, e_out.reshape(-1, d)], 0)
+    return True

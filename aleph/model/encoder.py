@@ -16,8 +16,17 @@ from aleph.model.config import ModelConfig
 _STD = 0.02  # embeddings, under either init scheme
 
 
+def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, 1, L) additive attention bias of a (B, L) key mask (True = real token): 0 on
+    real keys, -inf on padding, the values SDPA makes of a boolean mask (it would make them
+    again in every layer; the encoder builds them once per forward)."""
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)  # (B, L)
+    return bias.masked_fill_(~mask, float("-inf"))[:, None, None, :]  # (B, 1, 1, L)
+
+
 class Attention(nn.Module):
-    """Multi-head self-attention through scaled_dot_product_attention with a key padding mask."""
+    """Multi-head self-attention through scaled_dot_product_attention, with an additive key
+    bias or none (no padding: SDPA may then pick its flash kernel)."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
         super().__init__()
@@ -25,13 +34,13 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-        """x (B, L, D); key_mask (B, 1, 1, L) bool, True = may be attended to."""
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x (B, L, D); bias (B, 1, 1, L) of key_bias, or None when no key is padding."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.n_heads, d // self.n_heads).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, L, Dh) each
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p)  # (B, H, L, Dh)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p)  # (B, H, L, Dh)
         return self.out(y.transpose(1, 2).reshape(b, n, d))  # (B, L, D)
 
 
@@ -51,8 +60,9 @@ class Block(nn.Module):
             self.ffn = DenseFFN(cfg.d_model, cfg.ffn_dense, cfg.init)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln1(x), key_mask))  # (B, L, D)
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), bias))  # (B, L, D)
         return x + self.drop(self.ffn(self.ln2(x), mask))  # (B, L, D)
 
 
@@ -82,25 +92,34 @@ class AlephEncoder(nn.Module):
         init_matrix(self.proj.weight, self.config.init)
         nn.init.zeros_(self.proj.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """attention_mask None: every slot is a real token, and no attention mask is passed
+        (SDPA may pick its flash kernel). The mask is never read here (on a GPU that would
+        be a host sync): a caller whose host batch has no padding passes None."""
         n = input_ids.shape[1]
         if n > self.config.max_len:
             raise ValueError(f"input length {n} exceeds ModelConfig.max_len {self.config.max_len}")
-        mask = attention_mask.bool()  # (B, L) True on real tokens
+        mask = None if attention_mask is None else attention_mask.bool()  # (B, L) True on real
         pos = torch.arange(n, device=input_ids.device)  # (L,)
         x = self.drop(self.tok(input_ids) + self.pos(pos))  # (B, L, D)
-        # Rows must hold >= 1 real token (tokenizers always add [CLS]/[SEP]): an all-False
-        # key mask gives a NaN softmax.
-        key_mask = mask[:, None, None, :]  # (B, 1, 1, L)
+        # Rows must hold >= 1 real token (tokenizers always add [CLS]/[SEP]): an all-padding
+        # row gives a NaN softmax. The bias has the dtype of the attention's q (autocast's).
+        dev = input_ids.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        bias = None if mask is None else key_bias(mask, dtype)  # (B, 1, 1, L)
         for blk in self.blocks:
             if self.config.checkpointing and self.training:
                 # Not under torch.compile: on torch 2.4 the recompute re-enters dynamo and fails.
-                x = torch.utils.checkpoint.checkpoint(blk, x, key_mask, mask, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(blk, x, bias, mask, use_reentrant=False)
             else:
-                x = blk(x, key_mask, mask)  # (B, L, D)
+                x = blk(x, bias, mask)  # (B, L, D)
         x = self.ln_f(x)  # (B, L, D)
-        m = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
-        pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, D) mean of real tokens
+        if mask is None:
+            pooled = x.mean(dim=1)  # (B, D)
+        else:
+            m = mask.unsqueeze(-1).to(x.dtype)  # (B, L, 1)
+            pooled = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # (B, D) mean of real tokens
         return F.normalize(self.proj(pooled).float(), dim=-1)  # (B, out_dim)
 
     def banks(self) -> list[AnchoredBank]:
@@ -110,6 +129,12 @@ class AlephEncoder(nn.Module):
         """Dispatch off = every bank runs its trunk only (the evaluation's toggle); no-op for a2."""
         for bank in self.banks():
             bank.dispatch = bool(enabled)
+
+    def set_gauges(self, enabled: bool) -> None:
+        """Whether the next forwards record the address statistics health() reports (the
+        trainer: only on the steps that log gauges; eager mode then skips their ops)."""
+        for bank in self.banks():
+            bank.gauges = bool(enabled)
 
     def health(self) -> dict[str, float]:
         """Per-layer gauges `layerNN/<gauge>` of the bank arms; {} for a2. One host transfer

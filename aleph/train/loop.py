@@ -56,6 +56,8 @@ def train_loop(t: Trainer) -> tuple[str, str]:
     try:
         batches = start_prefetch(t)
         while t.pos.step < t.total_steps:
+            n = t.pos.step + 1  # the bank's health gauges only on the steps that log them
+            t.model.set_gauges(n % t.cfg.log_every_steps == 0 or n == t.total_steps)
             res = train_step(t, batches.take(t.pos.epoch, t.pos.batch_in_epoch, t.pos.step))
             t.pos = advance(t.pos, t.order.steps_per_epoch, t.cfg.batch_size, clock.train_seconds())
             t.monitor.step = t.pos.step

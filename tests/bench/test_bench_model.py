@@ -25,14 +25,37 @@ def bm():
         sys.modules.pop("bench_model", None)
 
 
-@pytest.mark.parametrize("name, peak", [
-    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
-    ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A10", 125.0),
-    ("NVIDIA L40", 181.05), ("NVIDIA L40S", 362.05), ("NVIDIA A40", 149.7), ("NVIDIA L4", 121.0),
-    ("Tesla T4", None)])
-def test_peak_table_matches_the_most_specific_name(bm, name, peak):
-    assert bm._peak(name, None) == peak
-    assert bm._peak(name, 1.5) == 1.5  # --peak-tflops wins
+def test_the_bench_takes_its_peaks_from_the_exact_name_table(bm):
+    assert bm._peak("NVIDIA H200 NVL", None) == 835.0  # not the SXM H200's 989
+    assert bm._peak("NVIDIA RTX A4000", None) is None  # not an A40
+    assert bm._peak("NVIDIA RTX A4000", 2.0) == 2.0
+
+
+def test_flops_count_the_projection_once_per_sample(bm, tiny_shape):
+    import torch
+
+    cfg = bm.ModelConfig(arm="a2_dense", **tiny_shape)
+    model = bm.build_model(cfg)
+    per_token = sum(p.numel() for n, p in model.named_parameters()
+                    if not n.startswith(("tok.", "pos.", "proj.")))
+    proj = cfg.d_model * cfg.out_dim + cfg.out_dim
+    one = bm.flops_per_sample(cfg, model, torch.tensor([4, 4]))
+    assert one == 6 * per_token * 4 + 6 * proj + 12 * cfg.n_layers * cfg.d_model * 16
+    # mixed lengths: the attention term averages L^2, not (mean L)^2
+    mixed = bm.flops_per_sample(cfg, model, torch.tensor([2, 6]))
+    assert mixed - one == 12 * cfg.n_layers * cfg.d_model * ((4 + 36) / 2 - 16)
+
+
+def test_op_counts_see_forward_and_backward(bm, tiny_shape):
+    a1 = bm.count_ops("a1_anchored", tiny_shape, 2, min_len=4)
+    a2 = bm.count_ops("a2_dense", tiny_shape, 2, min_len=4)
+    assert a1["forward_ops"] > 0 and a1["backward_ops"] > 0
+    assert a1["ops"] == a1["forward_ops"] + a1["backward_ops"] > a2["ops"]
+
+
+@pytest.fixture
+def tiny_shape(bm):
+    return dict(bm.SMOKE, d_model=16, n_heads=2, ffn_dense=32, ffn_expert=8, n_layers=1)
 
 
 def test_a_measurement_runs_train_step_with_the_optimiser(bm, monkeypatch):
@@ -46,3 +69,7 @@ def test_a_measurement_runs_train_step_with_the_optimiser(bm, monkeypatch):
     assert len(steps) == 5 and all(s.lr > 0 and s.grad_norm > 0 for s in steps)  # 3 warm-up
     assert r["step"] == "train_step" and r["samples_per_s"] > 0
     assert 4 <= r["real_tokens_per_sample"] <= r["width"] <= shape["max_len"]
+    assert 0 < r["tflops_real"] < r["tflops_slots"]  # padding costs compute, not real work
+    assert r["dropout"] == 0.0  # the smoke preset's; the e1 preset's is 0.1
+    e1 = bm.measure("a2_dense", shape, 8, 1, torch.device("cpu"), min_len=4, preset="e1")
+    assert e1["dropout"] == 0.1

@@ -33,11 +33,15 @@ def test_bank_ffn_matrices_match_the_dense_ffn_exactly():
 
 
 def _reference_bank(bank: AnchoredBank, x: torch.Tensor) -> torch.Tensor:
-    """The bank written out one expert at a time, straight from the formula."""
-    w = bank.address(x)  # (B, L, K)
-    out = bank.trunk(x)
+    """The bank written out one expert at a time, straight from the formula (the address
+    too: normalised x and anchors, sinh over the sum of cosh)."""
+    a = F.normalize(bank.address.anchors, dim=-1)  # (K, D)
+    u = F.normalize(x, dim=-1) @ a.T / bank.address.tau  # (B, L, K)
+    w = torch.sinh(u) / torch.cosh(u).sum(-1, keepdim=True)  # (B, L, K)
+    v = bank.blocks()
+    out = F.gelu(x @ v["trunk_in"]) @ v["trunk_out"]  # (B, L, D)
     for k in range(bank.n_anchors):
-        expert = F.gelu(x @ bank.w_in[k]) @ bank.w_out[k]  # (B, L, D)
+        expert = F.gelu(x @ v[f"{k}_in"]) @ v[f"{k}_out"]  # (B, L, D)
         out = out + w[..., k:k + 1] * torch.sigmoid(bank.gates[k]) * expert
     return out
 
@@ -48,8 +52,15 @@ def test_bank_equals_the_per_expert_formula():
     with torch.no_grad():
         bank.w_out.normal_(std=0.5)
         bank.gates.copy_(torch.tensor([-1.0, 0.0, 2.0]))
-    x = torch.randn(2, 5, 16)
-    torch.testing.assert_close(bank(x), _reference_bank(bank, x), rtol=1e-5, atol=1e-6)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    out, ref = bank(x), _reference_bank(bank, x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    # and the gradients (the address's is written out by hand in _AddressFn)
+    g = torch.randn_like(out)
+    params = [x, bank.w_in, bank.w_out, bank.gates, bank.address.anchors]
+    for mine, theirs in zip(torch.autograd.grad(out, params, g),
+                            torch.autograd.grad(ref, params, g), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("init", INIT_SCHEMES)
@@ -75,7 +86,8 @@ def test_a1_at_init_equals_dispatch_off_bitwise(init, tiny):
 def test_gates_start_at_sigmoid_minus_three_and_w_out_at_zero(tiny):
     model = build_model(tiny("a1_anchored"))
     for bank in model.banks():
-        assert torch.equal(bank.w_out, torch.zeros_like(bank.w_out))
+        experts = bank.w_out[bank.ff:]  # the trunk's rows come first
+        assert torch.equal(experts, torch.zeros_like(experts))
         assert torch.equal(bank.gates, torch.full((3,), -3.0))
     assert abs(model.health()["layer00/gate0"] - 0.0474258731) < 1e-7
 
@@ -86,13 +98,13 @@ def test_expert_hidden_stays_bf16_under_cpu_autocast():
     torch.manual_seed(0)
     bank = AnchoredBank(d_model=32, ff=16, n_anchors=3, tau=0.1, gate_init=-3.0,
                         learned_anchors=True)
-    torch.nn.init.normal_(bank.w_out, std=0.1)  # experts live (w_out starts at zero)
+    torch.nn.init.normal_(bank.w_out, std=0.1)  # experts live (their w_out starts at zero)
     seen = []
     orig = torch.Tensor.flatten
 
     def spy(t, *a, **k):
         out = orig(t, *a, **k)
-        if t.dim() == 4:  # the (B, L, K, ff) scaled hidden, flattened for w_out
+        if t.dim() == 4:  # the (B, L, 1+K, ff) scaled hidden, flattened for w_out
             seen.append(t.dtype)
         return out
 

@@ -124,3 +124,14 @@ def test_compiles_as_one_graph_and_keeps_health_and_toggle(tiny):
     off = compiled(ids, mask)  # a guard on the switch recompiles; no stale graph
     model.set_dispatch(True)
     assert not torch.allclose(off, out)
+    # The gauges switch is never read under compile (no guard, no recompile): the compiled
+    # graph records them always, so the trainer's per-step switching costs nothing there.
+    from torch._dynamo.utils import counters
+
+    compiled(ids, mask)
+    frames = counters["stats"]["unique_graphs"]
+    model.set_gauges(False)
+    model.banks()[0]._usage.zero_()
+    compiled(ids, mask)
+    assert counters["stats"]["unique_graphs"] == frames
+    assert model.health() == pytest.approx(ref_health)

@@ -21,12 +21,16 @@ def _is_orthogonal(w: torch.Tensor) -> bool:
 
 
 def _matrices(model) -> dict[str, torch.Tensor]:
-    """Every matrix that the init scheme decides, by name: each bank expert's w_in[k] slice
-    on its own, every other 2-D parameter except the embeddings and the anchors."""
+    """Every matrix that the init scheme decides, by name: a bank's trunk in/out and each
+    expert's input block of the merged w_in on their own (the expert output blocks start at
+    zero), every other 2-D parameter except the embeddings and the anchors."""
     out = {}
     for name, p in model.named_parameters():
-        if name.endswith("ffn.w_in"):  # (K, D, ff): one matrix per expert
-            out.update({f"{name}[{k}]": p[k] for k in range(p.shape[0])})
+        if name.endswith(("ffn.w_in", "ffn.w_out")):  # a bank's merged (trunk + K experts) maps
+            bank = model.get_submodule(name.rsplit(".", 1)[0])
+            side = name.rsplit("_", 1)[1]
+            out.update({f"{name}[{k}]": v for k, v in bank.blocks().items()
+                        if k.endswith(side) and (k.startswith("trunk") or side == "in")})
         elif p.ndim == 2 and not name.startswith(("tok.", "pos.")) and "address" not in name:
             out[name] = p
     return out
@@ -50,8 +54,10 @@ def test_e1_orthogonal_makes_every_matrix_orthogonal(arm, tiny):
     expected_ffn = 2 * 2 + (2 * 3 if model.banks() else 0)  # per block: 2 trunk/dense + K experts
     assert len(ffn) == expected_ffn, ffn
     for bank in model.banks():
-        assert not torch.equal(bank.w_in[0], bank.w_in[1])  # each expert its own draw
-        assert torch.equal(bank.w_out, torch.zeros_like(bank.w_out))
+        views = bank.blocks()
+        assert not torch.equal(views["0_in"], views["1_in"])  # each expert its own draw
+        for k in range(3):
+            assert torch.equal(views[f"{k}_out"], torch.zeros_like(views[f"{k}_out"]))
         assert torch.equal(bank.gates, torch.full_like(bank.gates, -3.0))
 
 
@@ -63,11 +69,14 @@ def test_every_parameter_starts_as_its_scheme_says(arm, tiny):
     model = build_model(tiny(arm, **SHAPES))
     decided = {n.split("[")[0] for n in _matrices(model)}
     for name, p in model.named_parameters():
+        if name.endswith("ffn.w_out"):  # the trunk's rows are decided, the experts' are zero
+            bank = model.get_submodule(name.rsplit(".", 1)[0])
+            assert torch.equal(p[bank.ff:], torch.zeros_like(p[bank.ff:])), name
         if name in decided:
             continue
         if name.startswith(("tok.", "pos.")):
             assert abs(p.std().item() - 0.02) < 0.002, name
-        elif name.endswith("bias") or name.endswith("ffn.w_out"):
+        elif name.endswith("bias"):
             assert torch.equal(p, torch.zeros_like(p)), name
         elif "ln" in name and name.endswith("weight"):
             assert torch.equal(p, torch.ones_like(p)), name
@@ -96,7 +105,7 @@ def test_the_two_schemes_draw_different_matrices_of_equal_shape(tiny):
     torch.manual_seed(0)
     b = build_model(tiny("a1_anchored", init="normal_0.02", **SHAPES)).state_dict()
     assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
-    assert not torch.equal(a["blocks.0.ffn.trunk.w_in.weight"], b["blocks.0.ffn.trunk.w_in.weight"])
+    assert not torch.equal(a["blocks.0.ffn.w_in"], b["blocks.0.ffn.w_in"])
 
 
 @pytest.mark.parametrize("arm", ARMS)

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.slow
 
 STEPS = "max_steps=4"
 BANK = Path("aleph") / "model" / "bank.py"
-EXPERTS = "        return out + experts  # (B, L, D)\n"  # AnchoredBank.forward (a1/a3 only)
-EXPERTS_EDITED = "        return out + 1.5 * experts  # (B, L, D)\n"
+EXPERTS = "        return h.flatten(-2) @ self.w_out  # (B, L, D) = trunk + sum_k c_k expert_k\n"
+EXPERTS_EDITED = "        return 1.5 * h.flatten(-2) @ self.w_out  # (B, L, D)\n"  # a1/a3 only
 DENSE = "        return self.w_out(F.gelu(self.w_in(x)))  # (B, L, D)\n"  # DenseFFN.forward
 DENSE_EDITED = "        return self.w_out(F.gelu(1.5 * self.w_in(x)))  # (B, L, D)\n"
 
@@ -159,7 +159,7 @@ def test_a_commit_a2_never_executes_is_behaviour_identical_one_inside_the_dense_
     edit(repo, EXPERTS, EXPERTS_EDITED)  # only the bank's dispatch: a2 never runs it
     _git(repo, "commit", "-qam", "bank only")
     train(repo, work, "a2_dense", 2)
-    edit(repo, DENSE, DENSE_EDITED)  # the dense FFN: a2's (and the bank trunk's) forward
+    edit(repo, DENSE, DENSE_EDITED)  # the dense FFN: a2's forward
     _git(repo, "commit", "-qam", "dense")
     train(repo, work, "a2_dense", 3)
     runs = [work / "runs" / "smoke" / f"a2_dense-s{s}" for s in (1, 2, 3)]
