@@ -59,13 +59,20 @@ class Spec:
         return {name.upper(): value for name, value in self.secrets.items()}
 
 
+def _is_secret(item: str) -> bool:
+    """Whether a `--set` item sets a secret field (its key as parse_override reads it)."""
+    from aleph.train.config import SECRET_FIELDS
+
+    return item.partition("=")[0].strip() in SECRET_FIELDS
+
+
 def split_secrets(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
     """(`--set` items without the secret fields, {secret field: its value})."""
-    from aleph.train.config import SECRET_FIELDS, parse_override
+    from aleph.train.config import parse_override
 
     public, secrets = [], {}
     for item in overrides:
-        if item.partition("=")[0].strip() not in SECRET_FIELDS:
+        if not _is_secret(item):
             public.append(item)  # parsed and checked by the resolver, as the trainer does
             continue
         key, value = parse_override(item)
@@ -76,13 +83,10 @@ def split_secrets(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
 
 def redact_overrides(overrides: list[str]) -> list[str]:
     """`--set` items as they may be recorded: each secret's value replaced by the marker."""
-    from aleph.train.config import REDACTED, SECRET_FIELDS
+    from aleph.train.config import REDACTED
 
-    out = []
-    for item in overrides:
-        key = item.partition("=")[0].strip()
-        out.append(f"{key}={REDACTED}" if key in SECRET_FIELDS else item)
-    return out
+    return [f"{item.partition('=')[0].strip()}={REDACTED}" if _is_secret(item) else item
+            for item in overrides]
 
 
 def make_spec(name: str | None, preset: str, config: str | None, overrides: list[str],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from aleph.campaign.spec import make_spec
+from aleph.campaign.spec import make_spec, redact_overrides
 from aleph.train.config import REDACTED
 from tests.campaign.conftest import campaign_cmd, start
 from tests.sync.fake_hub import FakeHub
@@ -53,6 +53,7 @@ def test_secret_overrides_leave_the_spec_and_travel_as_environment():
     assert "hf_abc" not in repr(spec) and "hf_abc" not in str(spec.identity())
     assert "hf_abc" not in " ".join(spec.train_args("a2_dense", 0))
     assert spec.secret_env() == {"HF_TOKEN": "hf_abc"}
+    assert redact_overrides(["hf_token=hf_abc", "epochs=2"]) == [f"hf_token={REDACTED}", "epochs=2"]
 
 
 @pytest.mark.slow
