@@ -78,8 +78,8 @@ def test_campaign_token_only_in_the_childrens_environment(campaign_work, tmp_pat
                     if line == typed:  # what the user typed (the campaign, its forks before exec)
                         continue
                     leaks.extend(f"pid {pid}: {line[:200]!r}" for m in markers if m in line)
-                    if b"-m aleph train" in line:
-                        trainers.add(pid)
+                    if b"-m aleph train" in line and f"sync_to=hf:{REPO_ID}".encode() in line:
+                        trainers.add(pid)  # this campaign's child (others may train meanwhile)
 
         t = threading.Thread(target=watch)
         t.start()
