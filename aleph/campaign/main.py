@@ -9,7 +9,13 @@ from typing import TextIO
 from aleph._io import atomic_write_text
 from aleph.campaign import finish, rundirs
 from aleph.campaign.runner import Campaign
-from aleph.campaign.spec import Spec, check_devices, parse_devices, resolve_configs
+from aleph.campaign.spec import (
+    Spec,
+    check_devices,
+    parse_devices,
+    redact_overrides,
+    resolve_configs,
+)
 from aleph.campaign.state import COMPLETE, FAILED, LAUNCH_LOGS
 from aleph.errors import ConfigError
 from aleph.train.identity import utc_now
@@ -35,9 +41,12 @@ def run_campaign(spec: Spec, devices: str, eval_opts: finish.EvalOptions, *, ret
         eval_opts = finish.EvalOptions(**{**eval_opts.__dict__, "device": devs[0].kind})
     if published is None:
         published = spec.preset == "e1"
+    options = dict(options or {})
+    if "overrides" in options:  # recorded in campaign.json: the secrets' values left out
+        options["overrides"] = redact_overrides(options["overrides"])
     c = Campaign(spec, configs, devs, retries=retries, retry_failed=retry_failed,
                  poll_seconds=poll_seconds, out=out)
-    with c.session(options or {}):
+    with c.session(options):
         c.schedule()
         eval_errors = {} if c.stopping else finish.evaluate(c, eval_opts)
         outputs = _where(c)

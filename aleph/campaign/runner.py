@@ -223,10 +223,13 @@ class Campaign:
         run["launches"].append(entry)
         run["status"] = RUNNING
         self.state.save()  # before the spawn: a restart then knows to look for the token
+        secrets = self.spec.secret_env()  # in the environment only, never in the argv
+        given = f" (and {', '.join(sorted(secrets))} in its environment)" if secrets else ""
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"campaign {self.spec.name}: launch {n} of {rid} on {device.describe()} at "
-                    f"{entry['start']}: {' '.join(entry['argv'])}\n")
-        env = procs.child_env({"CUDA_VISIBLE_DEVICES": device.cuda_visible, procs.TOKEN_ENV: token})
+                    f"{entry['start']}: {' '.join(entry['argv'])}{given}\n")
+        env = procs.child_env({**secrets, "CUDA_VISIBLE_DEVICES": device.cuda_visible,
+                               procs.TOKEN_ENV: token})
         proc = procs.spawn(argv, env, log, device.cpus)
         entry.update(pid=proc.pid, pid_start=procs.start_time(proc.pid))
         self.state.save()

@@ -3,13 +3,18 @@
 The config is resolved here, once per (arm, seed), through the trainer's own resolver
 (aleph.train.config.resolve) before anything is launched: a bad field fails the campaign
 at once with the trainer's one-line message, not six times in six launch logs.
+
+Secret fields (aleph.train.config.SECRET_FIELDS: hf_token) given with --set never reach a
+child's command line, campaign.json or a log: make_spec takes them out of the overrides and
+each child gets them in its environment, as the variable the trainer exports them under
+(hf_token: HF_TOKEN, read there by huggingface_hub and the hub destination).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aleph.env.hostinfo import format_cpulist
@@ -28,6 +33,8 @@ class Spec:
     overrides: tuple[str, ...]
     arms: tuple[str, ...]
     seeds: tuple[int, ...]
+    # Secret field -> value, from --set: never in the identity, an argv or a repr.
+    secrets: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def identity(self) -> dict[str, Any]:
         return {"preset": self.preset, "config": self.config, "overrides": list(self.overrides),
@@ -46,6 +53,40 @@ class Spec:
         for item in self.overrides:
             args += ["--set", item]
         return args
+
+    def secret_env(self) -> dict[str, str]:
+        """The environment that carries the secrets to a child (hf_token: HF_TOKEN)."""
+        return {name.upper(): value for name, value in self.secrets.items()}
+
+
+def _is_secret(item: str) -> bool:
+    """Whether a `--set` item sets a secret field (its key as parse_override reads it)."""
+    from aleph.train.config import SECRET_FIELDS
+
+    return item.partition("=")[0].strip() in SECRET_FIELDS
+
+
+def split_secrets(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(`--set` items without the secret fields, {secret field: its value})."""
+    from aleph.train.config import parse_override
+
+    public, secrets = [], {}
+    for item in overrides:
+        if not _is_secret(item):
+            public.append(item)  # parsed and checked by the resolver, as the trainer does
+            continue
+        key, value = parse_override(item)
+        if value:  # an empty value sets no secret (the child keeps its own HF_TOKEN)
+            secrets[key] = str(value)
+    return public, secrets
+
+
+def redact_overrides(overrides: list[str]) -> list[str]:
+    """`--set` items as they may be recorded: each secret's value replaced by the marker."""
+    from aleph.train.config import REDACTED
+
+    return [f"{item.partition('=')[0].strip()}={REDACTED}" if _is_secret(item) else item
+            for item in overrides]
 
 
 def make_spec(name: str | None, preset: str, config: str | None, overrides: list[str],
@@ -70,7 +111,8 @@ def make_spec(name: str | None, preset: str, config: str | None, overrides: list
         raise ConfigError(f"--name {name!r}: expected 1-64 letters, digits, '.', '_' or '-' "
                           "(it names a directory under <work root>/campaigns/)")
     config = os.path.abspath(config) if config else None
-    return Spec(name, preset, config, tuple(overrides), tuple(arms), tuple(seeds))
+    public, secrets = split_secrets(overrides)
+    return Spec(name, preset, config, tuple(public), tuple(arms), tuple(seeds), secrets)
 
 
 def resolve_configs(spec: Spec) -> dict[str, Any]:

@@ -31,7 +31,9 @@ def register(subparsers) -> None:
     p.add_argument("--config", default=None, metavar="FILE",
                    help="JSON or YAML mapping of config fields, applied over the preset")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config field of every run (repeatable; as aleph train)")
+                   help="override one config field of every run (repeatable; as aleph train); "
+                   "hf_token reaches the trainers only as HF_TOKEN in their environment (better: "
+                   "export HF_TOKEN, which keeps it off this command line too)")
     p.add_argument("--devices", default="auto",
                    help="auto (every visible GPU, else one CPU slot) | all (every visible GPU) | "
                    "GPU indices such as 0,1 | cpu:N (N CPU slots) (default auto)")

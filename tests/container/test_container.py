@@ -3,8 +3,9 @@
 The tests run in file order over one compose project (tests/container/conftest.py): the
 suite inside the image, a smoke arm trained to completion and compared byte for byte with
 the same arm trained on this machine, the seed's envelope read back from a live training
-container's cgroup, `docker compose stop` and `kill -9` mid-run, the work volume's owner
-and its survival across `down`, and TensorBoard published on loopback only.
+container's cgroup, the trainer's privileges (none) and its read-only root, `docker compose
+stop` and `kill -9` mid-run, the work volume's owner and its survival across `down`, and
+TensorBoard published on loopback only.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def test_stop_and_kill_mid_run_resume_to_the_bare_machine_weights(stack, tmp_pat
     assert (env_rec["cpu_quota_us"], env_rec["cpu_period_us"]) == (1_785_000, 100_000)
     assert env_rec["cpu_cores"] == 17.85
     print("\n".join(ln for ln in cap.stdout.splitlines() if "quota" in ln or "cpuset" in ln))
+    _trainer_is_unprivileged_on_a_read_only_root(cid)
 
     # docker compose stop: SIGTERM through tini to the trainer, which saves and exits 0.
     stack.compose("stop", "train-a2", extra_env=env)
@@ -127,8 +129,7 @@ def test_stop_and_kill_mid_run_resume_to_the_bare_machine_weights(stack, tmp_pat
     assert stack.container_id("train-a2") == cid  # same container, same config
     _wait_for(lambda: "resume state saved: checkpoints/step-00000150" in _logs(cid),
               "a checkpoint after the resume")
-    top = _run(["docker", "top", cid, "-eo", "pid,args"]).stdout.splitlines()[1:]
-    (pid,) = [int(line.split()[0]) for line in top if "-m aleph train" in line]
+    pid = _trainer_pid(cid)
     os.kill(pid, 9)
     _wait_for(lambda: stack.inspect(cid, "{{.RestartCount}}") == "1", "the on-failure restart")
     _wait_for(lambda: stack.inspect(cid, "{{.State.Status}}") == "exited", "the run to end",
@@ -147,6 +148,33 @@ def test_stop_and_kill_mid_run_resume_to_the_bare_machine_weights(stack, tmp_pat
     assert _volume_sha(stack, run) == bare["sha"]
     print(f"stop + kill -9 + resumes, seed 2, 1920 steps: {FINAL} sha256 {bare['sha']} "
           "== bare machine uninterrupted")
+
+
+def _trainer_pid(cid: str) -> int:
+    """The host pid of the trainer process in container `cid`."""
+    top = _run(["docker", "top", cid, "-eo", "pid,args"]).stdout.splitlines()[1:]
+    (pid,) = [int(line.split()[0]) for line in top if "-m aleph train" in line]
+    return pid
+
+
+def _trainer_is_unprivileged_on_a_read_only_root(cid: str) -> None:
+    """compose.yaml's x-hardened, read back from the live trainer: no capability, no
+    privilege gain, an image it cannot write, tmpfs where it must write."""
+    status = Path(f"/proc/{_trainer_pid(cid)}/status").read_text()
+    caps = dict(re.findall(r"^(Cap\w+|NoNewPrivs):\s+(\S+)$", status, re.M))
+    assert caps["CapEff"] == caps["CapPrm"] == "0" * 16, caps
+    assert caps["NoNewPrivs"] == "1", caps
+    write = _run(["docker", "exec", cid, "sh", "-c", "echo x > /probe"], check=False)
+    assert write.returncode != 0 and "Read-only file system" in write.stderr, write
+    mounts = _run(["docker", "exec", cid, "grep", "-E", "^[^ ]+ (/|/tmp|/home/aleph) ",
+                   "/proc/mounts"]).stdout
+    assert re.search(r"^overlay / overlay ro,", mounts, re.M), mounts
+    assert re.search(r"^tmpfs /tmp tmpfs rw,", mounts, re.M), mounts
+    print(f"trainer: CapEff {caps['CapEff']} CapPrm {caps['CapPrm']} CapBnd {caps['CapBnd']} "
+          f"NoNewPrivs {caps['NoNewPrivs']}; `echo x > /probe`: {write.stderr.strip()}")
+    for line in mounts.splitlines():  # mount point, type, options (not overlay's layers)
+        _, where, kind, opts = line.split()[:4]
+        print(f"mount {where} {kind} {opts.split(',lowerdir=')[0]}")
 
 
 def test_work_volume_belongs_to_uid_1000_and_survives_down(stack):

@@ -162,11 +162,36 @@ def test_tensorboard_serves_the_runs_read_only(cfg):
     # No authentication: loopback of the host unless ALEPH_TB_BIND says otherwise.
     assert s["ports"][0]["host_ip"] == "127.0.0.1"
     assert s["volumes"][0]["source"] == "work" and s["volumes"][0]["read_only"] is True
-    assert s["environment"] == {"ALEPH_WORK": "/workspace", "ALEPH_WORK_READ_ONLY": "1"}
+    assert s["environment"] == {"ALEPH_WORK": "/workspace", "ALEPH_WORK_READ_ONLY": "1",
+                                "HF_TOKEN_PATH": "/home/aleph/.cache/huggingface/token"}
     assert s["command"][:2] == ["aleph", "tensorboard"] and "/workspace/runs" in s["command"]
     assert s["logging"]["options"]["max-size"] == "20m"
     # One CPU as a cfs quota: no host refuses it (`cpus: 1.0` is range-checked by dockerd).
     assert (s["cpu_quota"], s["cpu_period"]) == (100_000, 100_000) and "cpus" not in s
+
+
+CI_FILES = ("compose.yaml", "compose.cpu.yaml", "tests/container/compose.ci.yaml")
+
+
+@pytest.mark.parametrize("files", [("compose.yaml",), ("compose.yaml", "compose.cpu.yaml"),
+                                   CI_FILES], ids=["compose", "cpu", "ci"])
+def test_every_service_runs_unprivileged_on_a_read_only_root(compose_bin, files):
+    svc = _config(compose_bin, *files, env={"ALEPH_CI_MEMLOCK": "8388608"})["services"]
+    for name, s in svc.items():
+        # No capability at all (uid 1000; the entrypoint chowns nothing), no setuid gain.
+        assert s.get("cap_drop") == ["ALL"] and "cap_add" not in s, (files, name)
+        assert s.get("security_opt") == ["no-new-privileges:true"], (files, name)
+        assert s.get("read_only") is True and "privileged" not in s, (files, name)
+        tmpfs = {t.split(":")[0] for t in s.get("tmpfs", [])}
+        assert "/home/aleph" in tmpfs, (files, name, s.get("tmpfs"))
+        # /tmp writable: a tmpfs, or for the suite a volume of its own (no source: anonymous)
+        scratch = [v for v in s["volumes"] if v["target"] == "/tmp"]
+        assert ("/tmp" in tmpfs) != bool(scratch), (files, name)
+        assert name == "tests" or not scratch, (files, name)
+        assert all(v["type"] == "volume" and "source" not in v for v in scratch), scratch
+        # A `hf auth login` writes its token file here: a tmpfs, never the work volume.
+        token = s["environment"].get("HF_TOKEN_PATH", "")
+        assert token.startswith("/home/aleph/"), (files, name, token)
 
 
 def test_one_shared_work_volume(cfg):
@@ -235,7 +260,7 @@ def test_cpu_override_keeps_the_envelope_and_drops_the_gpus(compose_bin):
 
 
 def test_ci_override_only_relaxes_memlock_and_cuts_the_network(compose_bin):
-    files = ("compose.yaml", "compose.cpu.yaml", "tests/container/compose.ci.yaml")
+    files = CI_FILES
     assert _config(compose_bin, *files, check=False).returncode != 0  # ALEPH_CI_MEMLOCK required
     svc = _config(compose_bin, *files, env={"ALEPH_CI_MEMLOCK": "8388608"})["services"]
     for name in ("train-a2", "tests"):
