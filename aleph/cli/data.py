@@ -1,9 +1,11 @@
-"""`aleph data smoke|tokens|fetch|sts`: the smoke data set, token stores, the offline bundle
-and STS pairs from the shell."""
+"""`aleph data smoke|tokens|captions|check-align|fetch|sts`: the smoke data set, token
+stores, flattened captions, the caption/target alignment check, the offline bundle (and
+E1's captions) and STS pairs from the shell."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from aleph._io import atomic_write_text
@@ -91,6 +93,19 @@ def _fetch(args) -> int:
     return 0
 
 
+def _captions(args) -> int:
+    from aleph.data.flatten import flatten_captions, parse_fields
+
+    res = flatten_captions(args.src, parse_fields(args.fields), args.out, order=args.order,
+                           min_chars=args.min_chars, say=lambda line: print(line, file=sys.stderr))
+    skipped = {f: {k: v for k, v in d.items() if v} for f, d in res.skipped.items()}
+    print(f"{res.out}: {res.rows:,} rows from {res.records:,} records (order {args.order}, "
+          f"min {args.min_chars} chars); rows per field {res.kept}; skipped {skipped}",
+          file=sys.stderr)
+    print(res.rows)  # stdout: the row count alone, for scripts
+    return 0
+
+
 def _sts(args) -> int:
     from aleph.data import sts_pairs
 
@@ -120,13 +135,29 @@ def register(subparsers) -> None:
     s.set_defaults(func=_smoke)
     t = sub.add_parser("tokens", help="tokenise captions once into a token store (or reuse it)")
     t.add_argument("--captions", required=True,
-                   help=".txt/.jsonl/.json/.parquet file or a Hugging Face dataset id")
+                   help=".txt/.jsonl/.json/.parquet file (.txt.gz/.jsonl.gz too), a directory of "
+                        ".jsonl/.jsonl.gz/.parquet shards (name order) or a Hugging Face dataset id")
     t.add_argument("--column", default="caption", help="caption field/column (default caption)")
     t.add_argument("--split", default="train", help="dataset split for a hub id")
     t.add_argument("--tokenizer", default="bert-base-uncased", help="hub name or directory")
     t.add_argument("--max-len", type=int, default=128, help="tokens per row (default 128)")
     t.add_argument("--out", help="store directory (default: <work>/cache/tokens/<key>)")
     t.set_defaults(func=_tokens)
+    c = sub.add_parser("captions", help="flatten caption records (several fields per image) "
+                                        "into one caption per row, with source_row and field")
+    c.add_argument("src", help=".jsonl/.jsonl.gz/.parquet file of records, or a directory of "
+                               "such shards (read in name order)")
+    c.add_argument("--fields", required=True,
+                   help="comma list of the record fields to take, e.g. caption_llava,caption_llava_short")
+    c.add_argument("--order", choices=("record", "field"), default="record",
+                   help="record: each record's fields in turn (default); field: every "
+                        "record's first field, then every record's second, ...")
+    c.add_argument("--min-chars", type=int, default=0,
+                   help="keep a field only if its string has at least N characters (default 0: "
+                        "any non-empty string)")
+    c.add_argument("--out", required=True, help="parquet file to write (caption, source_row, "
+                                                "field); never replaced if it exists")
+    c.set_defaults(func=_captions)
     f = sub.add_parser("fetch", help="download what a real run needs from the hub into an "
                                      "offline bundle (tokenizer, the 8 STS tasks)")
     f.add_argument("--out", help="bundle directory (default: $ALEPH_OFFLINE_BUNDLE, else "
