@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from aleph.data import load_captions, open_captions
-from aleph.data import readers
+from aleph.data import load_captions, open_captions, readers
 from aleph.errors import DataError
 
 CAPS = ["a red dog", "unicode: café ☕", "", "last"]
