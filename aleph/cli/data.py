@@ -100,8 +100,8 @@ def _captions(args) -> int:
                            min_chars=args.min_chars, say=lambda line: print(line, file=sys.stderr))
     skipped = {f: {k: v for k, v in d.items() if v} for f, d in res.skipped.items()}
     print(f"{res.out}: {res.rows:,} rows from {res.records:,} records (order {args.order}, "
-          f"min {args.min_chars} chars); rows per field {res.kept}; skipped {skipped}",
-          file=sys.stderr)
+          f"min {args.min_chars} chars) in {res.seconds:.1f} s; rows per field {res.kept}; "
+          f"skipped {skipped}", file=sys.stderr)
     print(res.rows)  # stdout: the row count alone, for scripts
     return 0
 

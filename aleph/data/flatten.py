@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ class FlattenResult:
     """Rows written per field."""
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per field: records skipped as missing/null, not a string, empty or too short."""
+    seconds: float = 0.0
+    """Wall time of the passes and the write (not the interpreter's start)."""
 
 
 def source_files(source: str | os.PathLike) -> list[Path]:
@@ -174,6 +177,7 @@ def flatten_captions(source: str | os.PathLike, fields: Sequence[str], out: str 
     if not out.parent.is_dir():
         raise DataError(f"--out {out}: directory {out.parent} does not exist")
     files = source_files(source)
+    t0 = time.perf_counter()
     res = FlattenResult(str(out), 0, 0, {f: 0 for f in fields},
                         {f: {"missing": 0, "not_string": 0, "empty": 0, "short": 0}
                          for f in fields})
@@ -195,6 +199,7 @@ def flatten_captions(source: str | os.PathLike, fields: Sequence[str], out: str 
                             f"{res.records:,} records (missing, not strings or shorter than "
                             f"{max(min_chars, 1)} characters); expected field names of the "
                             "records")
+        res.seconds = time.perf_counter() - t0
         w.publish({"source": str(source), "shards": [p.name for p in files], "fields": fields,
                    "order": order, "min_chars": min_chars, **asdict(res)})
     except BaseException:
