@@ -106,6 +106,19 @@ def _captions(args) -> int:
     return 0
 
 
+def _check_align(args) -> int:
+    from aleph.data import load_tokenizer, open_captions
+    from aleph.data.align import check_alignment, target_files
+
+    captions = open_captions(args.captions, column=args.column)
+    targets = target_files(args.targets)
+    result = check_alignment(captions, targets, load_tokenizer(args.tokenizer),
+                             sample=args.sample, seed=args.seed,
+                             target_desc=f"targets {args.targets} ({len(targets)} chunk file(s))")
+    print(f"check-align {args.captions} vs {args.targets}: {result.line()}")
+    return 0 if result.aligned else 1
+
+
 def _sts(args) -> int:
     from aleph.data import sts_pairs
 
@@ -158,6 +171,19 @@ def register(subparsers) -> None:
     c.add_argument("--out", required=True, help="parquet file to write (caption, source_row, "
                                                 "field); never replaced if it exists")
     c.set_defaults(func=_captions)
+    a = sub.add_parser("check-align", help="does caption row i belong with target row i? "
+                                           "(exit 0 aligned, 1 misaligned, 2 bad input)")
+    a.add_argument("--captions", required=True, help="caption source (file, shard directory "
+                                                     "or hub id), as for tokens")
+    a.add_argument("--column", default="caption", help="caption field/column (default caption)")
+    a.add_argument("--targets", required=True, help="target chunk file or directory of chunks "
+                                                    "(row order = name order)")
+    a.add_argument("--tokenizer", default="bert-base-uncased", help="hub name or directory "
+                                                                    "(the run's tokenizer)")
+    a.add_argument("--sample", type=int, default=4096,
+                   help="caption rows sampled, in 16 blocks spread over the rows (default 4096)")
+    a.add_argument("--seed", type=int, default=0, help="seed of the shuffled control (default 0)")
+    a.set_defaults(func=_check_align)
     f = sub.add_parser("fetch", help="download what a real run needs from the hub into an "
                                      "offline bundle (tokenizer, the 8 STS tasks)")
     f.add_argument("--out", help="bundle directory (default: $ALEPH_OFFLINE_BUNDLE, else "

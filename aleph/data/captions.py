@@ -105,7 +105,7 @@ class CaptionSource:
             readers.check_regular(path)  # missing, a FIFO, a device: one line, never a hang
             self.kind = readers.file_kind(path)
             if self.kind == "parquet":
-                self._parquet_file()  # a non-parquet file or a missing column fails here
+                self.parquet_file()  # a non-parquet file or a missing column fails here
         else:
             self.path, self.kind, self.name = None, "hub", str(source)
 
@@ -157,7 +157,7 @@ class CaptionSource:
             self._rows = {"txt": self._count_text, "jsonl": self._count_jsonl,
                           "dir": lambda: sum(s.count_rows() for s in self.shards),
                           "json": lambda: len(self._json_list()),
-                          "parquet": lambda: self._parquet_file().metadata.num_rows,
+                          "parquet": lambda: self.parquet_file().metadata.num_rows,
                           "hub": lambda: self._dataset().num_rows}[self.kind]()
         return self._rows
 
@@ -264,7 +264,8 @@ class CaptionSource:
         return (f"{self.path} column {self.column!r}" if self.path is not None else
                 f"dataset {self.name!r} column {self.column!r}")
 
-    def _parquet_file(self):
+    def parquet_file(self):
+        """The `pyarrow.parquet.ParquetFile` of a parquet source, its column checked."""
         import pyarrow.parquet as pq
 
         # opened by path (Arrow's own file reads), right after a stat that refuses a FIFO
@@ -306,7 +307,7 @@ class CaptionSource:
             for table in ds.iter(batch_size=rows):  # memory-mapped Arrow cache, not a list
                 yield table.column(self.column).combine_chunks()
             return
-        pf = self._parquet_file()
+        pf = self.parquet_file()
         it = pf.iter_batches(batch_size=rows, columns=[self.column], use_threads=False)
         while True:
             try:
