@@ -244,3 +244,55 @@ def check_alignment(captions: CaptionSource, targets: Sequence[str], tokenizer,
                        (f" (caption i looks like target i{s:+d}'s)" if clear else ""))
     return Alignment(not reasons, rows, x_fit.shape[0], m, given, shuffled, shifted,
                      f"; {', '.join(reasons)}" if reasons else "")
+
+
+PREFLIGHT_SAMPLE = 4096
+_MEMO_VERSION = 1  # bump when the check's figures change meaning
+
+
+def preflight_alignment(source: str, column: str, targets: Sequence[str], tokenizer,
+                        captions_sha256: str, allow: bool, say) -> dict | None:
+    """The e1 preflight's pairing check (`check_alignment` on PREFLIGHT_SAMPLE rows): says
+    one line; a misaligned pairing is a DataError unless `allow` (allow_misaligned=true),
+    then the figures are returned for the launch's manifest entry. Memoised under
+    <work>/cache/alignment by (captions content hash, target files' path/size/mtime,
+    tokenizer fingerprint, sample), so a resumed launch does not re-read its sample."""
+    from aleph._io import atomic_write_json, read_json, sha256_json, work_root
+    from aleph.data.captions import open_captions
+    from aleph.data.tokenizer import tokenizer_fingerprint
+    from aleph.targets.sources import source_fingerprint, source_stats
+
+    key = {"v": _MEMO_VERSION, "captions_sha256": captions_sha256, "column": column,
+           "targets": source_fingerprint(source_stats(targets)),
+           "tokenizer": tokenizer_fingerprint(tokenizer), "sample": PREFLIGHT_SAMPLE}
+    memo = work_root() / "cache" / "alignment" / f"{sha256_json(key)[:16]}.json"
+    saved = {}
+    if memo.is_file():
+        try:
+            saved = read_json(memo)
+        except ValueError:
+            saved = {}  # written atomically, so a hand edit: check again
+    if saved.get("key") == key and isinstance(saved.get("result"), dict):
+        result, how = saved["result"], f" (memoised, {memo.name})"
+    else:
+        caps = open_captions(source, column=column)
+        rows = caps.count_rows()
+        pad = max(abs(s) for s in SHIFTS)
+        if rows < 2 * BLOCKS + 2 * pad:
+            say(f"inputs: alignment: not checked: {rows} rows are too few for the check")
+            return None
+        checked = check_alignment(caps, targets, tokenizer, PREFLIGHT_SAMPLE)
+        result = {**checked.as_dict(), "line": checked.line()}
+        atomic_write_json(memo, {"key": key, "result": result})
+        how = ""
+    if result["aligned"]:
+        say(f"inputs: alignment: {result['line']}{how}")
+        return None
+    if not allow:
+        raise DataError(f"captions {source} do not pair with the targets row by row: "
+                        f"{result['line']}; row i of the captions must be the text of target "
+                        "row i (aleph data check-align shows the same figures): fix the order, "
+                        "or set allow_misaligned=true to train anyway (recorded in manifest.json)")
+    say(f"inputs: alignment: {result['line']}; ALLOWED by allow_misaligned=true (recorded in "
+        "manifest.json)")
+    return {"by": "allow_misaligned=true", **result}

@@ -337,6 +337,15 @@ def open_captions(source: str | os.PathLike | CaptionSource, column: str = "capt
     return CaptionSource(source, column, split, cache_dir)
 
 
+def shards_identity(directory: str | os.PathLike) -> dict:
+    """Cheap identity of a shard directory: its path and each shard's name, size and mtime
+    (keys the memo of its captions' sha256: a changed, added or removed shard changes it)."""
+    shards = readers.shard_files(directory)
+    stats = [(p, p.stat()) for p in shards]
+    return {"path": str(Path(directory).resolve()),
+            "shards": [[p.name, st.st_size, st.st_mtime_ns] for p, st in stats]}
+
+
 def load_captions(source: str | os.PathLike, column: str = "caption", split: str = "train",
                   cache_dir: str | os.PathLike | None = None) -> list[str]:
     """All captions of `source`, in row order, as one list (small sources only: a real

@@ -31,7 +31,8 @@ OPERATIONAL = frozenset({
     "arm", "seed", "hf_token", "heartbeat_seconds", "progress_every_seconds", "log_every_steps",
     "ckpt_every_steps", "ckpt_every_minutes", "keep_checkpoints", "weights_every_steps",
     "vram_probe", "vram_required_gib", "alloc_cap_fraction", "store_headroom_gib",
-    "store_implementation", "store_override", "allow_input_change", "captions", "targets",
+    "store_implementation", "store_override", "allow_input_change", "allow_misaligned",
+    "captions", "targets",
     "tokenizer", "sync_to", "sync_every_minutes",
 })
 PUBLISHED_BASIS = "P"

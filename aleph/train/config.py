@@ -79,6 +79,11 @@ class TrainConfig:
     """Let a resumed launch continue although its target or token store's content differs from
     what the run trained on so far (refused by default, naming both content hashes). The change
     is logged and recorded in this launch's manifest.json entry (input_change_allowed)."""
+    allow_misaligned: bool = False
+    """Train an e1 run although the preflight's alignment check (`aleph data check-align` on a
+    sample) finds that caption row i does not pair with target row i (refused by default,
+    with the figures); the figures are recorded in the launch's manifest.json entry
+    (misalignment_allowed)."""
 
     # --- model shape ----------------------------------------------------------------
     max_len: int = 128
@@ -519,7 +524,7 @@ RESUMABLE_CHANGES = frozenset({
     "ckpt_every_steps", "ckpt_every_minutes", "keep_checkpoints", "weights_every_steps",
     "log_every_steps", "progress_every_seconds", "alloc_cap_fraction", "vram_probe",
     "vram_required_gib", "num_threads", "hf_token", "device", "store_implementation",
-    "allow_input_change", "heartbeat_seconds", "store_headroom_gib", "store_override",
+    "allow_input_change", "allow_misaligned", "heartbeat_seconds", "store_headroom_gib", "store_override",
     "sync_to", "sync_every_minutes",
 })
 
@@ -527,7 +532,7 @@ RESUMABLE_CHANGES = frozenset({
 # Fields added after run directories had been recorded, with the value that a config.json
 # written without them ran with (read so by check_same_run and `aleph runs diff`).
 ADDED_FIELDS: dict[str, Any] = {"init": INIT_BEFORE_FIELD, "target_dim": 0, "sync_to": "",
-                                "sync_every_minutes": 30.0}
+                                "sync_every_minutes": 30.0, "allow_misaligned": False}
 
 
 def with_added_fields(saved: dict[str, Any]) -> dict[str, Any]:

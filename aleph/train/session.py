@@ -156,6 +156,8 @@ class Session:
         if self.world.is_main:
             now = self._input_record()
             allowed = self._check_inputs_unchanged(now)
+            if self.inputs.misalignment_allowed:  # written with the inputs record below
+                self.manifest.launch["misalignment_allowed"] = self.inputs.misalignment_allowed
             self.manifest.record_inputs(now, allowed)
             self._record_data()
 

@@ -82,3 +82,32 @@ def test_sample_blocks_spread_and_refuse_tiny_sources():
     assert all(b[0] - a[0] > 256 for a, b in zip(blocks, blocks[1:], strict=False))
     with pytest.raises(DataError, match="too few"):
         sample_blocks(20, 4096)
+
+
+def test_e1_preflight_refuses_a_misaligned_pairing_unless_allowed(smoke, pairings, tmp_path,
+                                                                  monkeypatch):
+    from aleph.train.config import resolve
+    from aleph.train.preflight import check_inputs
+
+    monkeypatch.setenv("ALEPH_WORK", str(tmp_path / "work"))
+
+    def cfg(captions, *sets):
+        return resolve("e1", arm="a2_dense", overrides=[
+            f"captions={captions}", f"targets={smoke.target_chunks[0].parent}",
+            f"tokenizer={smoke.tokenizer_dir}", *sets])
+
+    lines: list[str] = []
+    assert check_inputs(cfg(pairings["aligned"]), say=lines.append).misalignment_allowed is None
+    assert any(x.startswith("inputs: alignment: ALIGNED: held-out R@1") for x in lines)
+    lines.clear()
+    check_inputs(cfg(pairings["aligned"]), say=lines.append)  # a resumed launch: memoised
+    assert any("ALIGNED" in x and "(memoised" in x for x in lines)
+    with pytest.raises(DataError, match=r"do not pair with the targets row by row: MISALIGNED.*"
+                                        r"set allow_misaligned=true"):
+        check_inputs(cfg(pairings["shift"]))
+    lines.clear()
+    got = check_inputs(cfg(pairings["shift"], "allow_misaligned=true"), say=lines.append)
+    assert got.misalignment_allowed["by"] == "allow_misaligned=true"
+    assert got.misalignment_allowed["aligned"] is False and got.misalignment_allowed["shifted"]["1"] > 0.5
+    assert any("ALLOWED by allow_misaligned=true" in x for x in lines)
+    assert not (tmp_path / "work" / "runs").exists()
