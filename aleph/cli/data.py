@@ -66,7 +66,13 @@ def _captions_digest(args, captions) -> str:
 
 
 def _fetch(args) -> int:
-    """Fill an offline bundle from the hub: the tokenizers and STS tasks a real run needs."""
+    """Fill an offline bundle from the hub: the tokenizers and STS tasks a real run needs;
+    with --captions, E1's caption file instead (`aleph.data.fetch`)."""
+    if args.captions:
+        from aleph.data.fetch import fetch_captions
+
+        fetch_captions(args.out, revision=args.revision, say=print)
+        return 0
     from aleph.data import bundle
     from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
     from aleph.eval.tasks import E1_TASKS, HF_TASKS, load_hf_task, parse_task_names
@@ -191,6 +197,13 @@ def register(subparsers) -> None:
     f.add_argument("--tokenizer", action="append",
                    help="hub tokenizer name, repeatable (default: bert-base-uncased)")
     f.add_argument("--tasks", help="comma list of STS tasks (default: e1, the 8 tasks)")
+    f.add_argument("--captions", action="store_true",
+                   help="fetch E1's captions instead: train.jsonl.gz of CaptionEmporium/"
+                        "conceptual-captions-cc12m-llavanext (CC-BY-SA-4.0), pinned, size and "
+                        "sha256 checked, into --out (default <work>/data/e1)")
+    f.add_argument("--revision", default="1c24bdb",
+                   help="captions revision (default 1c24bdb, resolved to the full commit id and "
+                        "recorded at the first download)")
     f.set_defaults(func=_fetch)
     q = sub.add_parser("sts", help="STS-style pairs from the smoke grammar, as JSON lines")
     q.add_argument("--n", type=int, default=1000, help="pairs to write (default 1000)")
