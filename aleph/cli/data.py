@@ -100,14 +100,31 @@ def _fetch(args) -> int:
 
 
 def _captions(args) -> int:
-    from aleph.data.flatten import flatten_captions, parse_fields
+    from aleph.data import flatten as fl
+    from aleph.data.fetch import CAPTIONS_FILE, captions_dir
 
-    res = flatten_captions(args.src, parse_fields(args.fields), args.out, order=args.order,
-                           min_chars=args.min_chars, say=lambda line: print(line, file=sys.stderr))
+    if args.e1:  # the e1 preset's choice; flags given explicitly still win
+        args.fields = args.fields or ",".join(fl.E1_FIELDS)
+        args.order = args.order or fl.E1_ORDER
+        args.min_chars = fl.E1_MIN_CHARS if args.min_chars is None else args.min_chars
+        args.src = args.src or str(captions_dir() / CAPTIONS_FILE)
+        args.out = args.out or str(captions_dir() / "captions.parquet")
+    missing = [f"--{k.replace('_', '-')}" if k != "src" else "SRC"
+               for k in ("src", "fields", "out") if not getattr(args, k)]
+    if missing:
+        raise DataError(f"aleph data captions: {', '.join(missing)} required (or --e1 for the "
+                        "e1 preset's choice)")
+    order, min_chars = args.order or "record", args.min_chars or 0
+    res = fl.flatten_captions(args.src, fl.parse_fields(args.fields), args.out, order=order,
+                              min_chars=min_chars, say=lambda line: print(line, file=sys.stderr))
     skipped = {f: {k: v for k, v in d.items() if v} for f, d in res.skipped.items()}
-    print(f"{res.out}: {res.rows:,} rows from {res.records:,} records (order {args.order}, "
-          f"min {args.min_chars} chars) in {res.seconds:.1f} s; rows per field {res.kept}; "
+    print(f"{res.out}: {res.rows:,} rows from {res.records:,} records (order {order}, "
+          f"min {min_chars} chars) in {res.seconds:.1f} s; rows per field {res.kept}; "
           f"skipped {skipped}", file=sys.stderr)
+    if args.e1:
+        print(f"e1 preset: {res.rows:,} rows, E1's targets have {fl.E1_TARGET_ROWS:,} "
+              f"({res.rows - fl.E1_TARGET_ROWS:+,}); E1's own fields, order and filter are not "
+              "public (README, 'Our choices')", file=sys.stderr)
     print(res.rows)  # stdout: the row count alone, for scripts
     return 0
 
@@ -164,18 +181,22 @@ def register(subparsers) -> None:
     t.set_defaults(func=_tokens)
     c = sub.add_parser("captions", help="flatten caption records (several fields per image) "
                                         "into one caption per row, with source_row and field")
-    c.add_argument("src", help=".jsonl/.jsonl.gz/.parquet file of records, or a directory of "
-                               "such shards (read in name order)")
-    c.add_argument("--fields", required=True,
+    c.add_argument("src", nargs="?", help=".jsonl/.jsonl.gz/.parquet file of records, or a "
+                                          "directory of such shards (read in name order)")
+    c.add_argument("--fields",
                    help="comma list of the record fields to take, e.g. caption_llava,caption_llava_short")
-    c.add_argument("--order", choices=("record", "field"), default="record",
+    c.add_argument("--order", choices=("record", "field"),
                    help="record: each record's fields in turn (default); field: every "
                         "record's first field, then every record's second, ...")
-    c.add_argument("--min-chars", type=int, default=0,
+    c.add_argument("--min-chars", type=int,
                    help="keep a field only if its string has at least N characters (default 0: "
                         "any non-empty string)")
-    c.add_argument("--out", required=True, help="parquet file to write (caption, source_row, "
-                                                "field); never replaced if it exists")
+    c.add_argument("--out", help="parquet file to write (caption, source_row, field); never "
+                                 "replaced if it exists")
+    c.add_argument("--e1", action="store_true",
+                   help="the e1 preset's choice: caption_llava,caption_llava_short, order record, "
+                        "min 50 chars, from <work>/data/e1/train.jsonl.gz to "
+                        "<work>/data/e1/captions.parquet (README, 'Our choices')")
     c.set_defaults(func=_captions)
     a = sub.add_parser("check-align", help="does caption row i belong with target row i? "
                                            "(exit 0 aligned, 1 misaligned, 2 bad input)")
@@ -191,7 +212,8 @@ def register(subparsers) -> None:
     a.add_argument("--seed", type=int, default=0, help="seed of the shuffled control (default 0)")
     a.set_defaults(func=_check_align)
     f = sub.add_parser("fetch", help="download what a real run needs from the hub into an "
-                                     "offline bundle (tokenizer, the 8 STS tasks)")
+                                     "offline bundle (tokenizer, the 8 STS tasks), or with "
+                                     "--captions E1's caption file")
     f.add_argument("--out", help="bundle directory (default: $ALEPH_OFFLINE_BUNDLE, else "
                                  "<work>/data/offline, where the loaders look)")
     f.add_argument("--tokenizer", action="append",

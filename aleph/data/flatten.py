@@ -33,6 +33,12 @@ ORDERS = ("record", "field")
 RECORD_BATCH = 8192  # source records read per batch
 WRITE_ROWS = 65536  # output rows per parquet row group
 META_KEY = b"aleph.flatten"
+# The e1 preset's choice (README, "Our choices"): E1's own fields, order and filter are not
+# public. Both caption fields of the public file, each record's in turn, the lineage
+# trainer's `min_caption_len 50`.
+E1_FIELDS = ("caption_llava", "caption_llava_short")
+E1_ORDER, E1_MIN_CHARS = "record", 50
+E1_TARGET_ROWS = 31_905_616  # rows of E1's targets (the seed), for comparison
 
 
 @dataclass

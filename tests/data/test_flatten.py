@@ -26,7 +26,8 @@ def cc12m_records(n: int) -> list[dict]:
     for i in range(n):
         r = {"key": f"{i:09d}", "url": f"https://example.org/{i}.jpg", "status": "success",
              "caption_llava": f"A detailed picture number {i} showing a dog on a beach at dusk.",
-             "caption_llava_short": f"dog {i}" if i % 5 == 0 else f"A dog on a beach, image {i}."}
+             "caption_llava_short": f"dog {i}" if i % 5 == 0 else
+             f"A dog running on a wide sandy beach in the evening, image {i}."}
         if i % 7 == 3:
             del r["caption_llava"]
         if i % 11 == 4:
@@ -130,3 +131,20 @@ def test_cli_prints_the_row_count_on_stdout(tmp_path):
     assert "rows per field" in r.stderr
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # OUT exists now
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_e1_preset_choice_reads_from_and_writes_to_the_e1_data_dir(tmp_path):
+    work = tmp_path / "work"
+    (work / "data" / "e1").mkdir(parents=True)
+    recs = cc12m_records(60)
+    write_jsonl_gz(work / "data" / "e1" / "train.jsonl.gz", recs)
+    env = {**__import__("os").environ, "ALEPH_WORK": str(work)}
+    r = subprocess.run([sys.executable, "-m", "aleph", "data", "captions", "--e1"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    want = expected(recs, "record", 50)
+    assert r.stdout == f"{len(want)}\n" and "E1's targets have 31,905,616" in r.stderr
+    assert rows_of(work / "data" / "e1" / "captions.parquet") == want
+    r = subprocess.run([sys.executable, "-m", "aleph", "data", "captions", "--fields", "x"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "SRC, --out required" in r.stderr
