@@ -132,12 +132,6 @@ class _Writer:
         self.meta = meta
         self.cols: tuple[list, list, list] = ([], [], [])
 
-    def add(self, caption: str, row: int, fld: str) -> None:
-        c, r, f = self.cols
-        c.append(caption), r.append(row), f.append(fld)
-        if len(c) >= WRITE_ROWS:
-            self.flush()
-
     def flush(self) -> None:
         if self.cols[0]:
             self.writer.write_table(self.pa.Table.from_arrays(
@@ -221,16 +215,21 @@ def _one_pass(files: Sequence[Path], pass_fields: Sequence[str], min_chars: int,
     need = max(min_chars, 1)
     for cols in record_batches(files, pass_fields):
         n = len(cols[pass_fields[0]])
+        caps, rows, names = w.cols
+        skipped_before = {f: sum(res.skipped[f].values()) for f in pass_fields}
         for j in range(n):
             for f in pass_fields:
                 v = cols[f][j]
                 if isinstance(v, str) and len(v) >= need:
-                    w.add(v, row + j, f)
-                    res.kept[f] += 1
-                    res.rows += 1
+                    caps.append(v), rows.append(row + j), names.append(f)
                 else:
                     why = ("missing" if v is None else "not_string" if not isinstance(v, str)
                            else "empty" if not v else "short")
                     res.skipped[f][why] += 1
+        for f in pass_fields:  # kept = this batch's records less its skips, per field
+            res.kept[f] += n - (sum(res.skipped[f].values()) - skipped_before[f])
+        res.rows = sum(res.kept.values())
+        if len(caps) >= WRITE_ROWS:
+            w.flush()
         row += n
     return row

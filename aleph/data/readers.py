@@ -177,12 +177,11 @@ def jsonl_objects(path: Path) -> Iterator[tuple[int, object]]:
     with Stream(path) as f:
         for n, raw in f.lines():
             try:
-                line = raw.decode("utf-8")
+                obj = json.loads(raw)  # bytes: decoded as UTF-8 by json itself
             except UnicodeDecodeError as e:
                 raise DataError(f"{path}:{n}: not UTF-8 text ({e})") from e
-            if not line.strip():
-                continue
-            try:
-                yield n, json.loads(line)
             except json.JSONDecodeError as e:
+                if not raw.decode("utf-8", "replace").strip():
+                    continue  # a blank line (Unicode whitespace included) is not a record
                 raise DataError(f"{path}:{n}: invalid JSON ({e})") from e
+            yield n, obj
