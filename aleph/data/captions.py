@@ -1,18 +1,20 @@
-"""Caption sources: local text/JSON/JSONL/parquet files or a Hugging Face dataset id.
+"""Caption sources: local text/JSON/JSONL/parquet files (.txt and .jsonl also gzipped), a
+directory of .jsonl/.jsonl.gz/.parquet shards, or a Hugging Face dataset id.
 
 Row i of the captions is the text of target row i; `check_aligned` makes a count
-mismatch an error before any training step.
+mismatch an error before any training step (`aleph.data.align` checks the pairing itself).
 
 A real run has 31.9M captions (about 18 GB of text, some 65 GB as Python strings), so
 nothing on its path holds them all: `open_captions` gives a `CaptionSource` that reads
-in batches (parquet by record batch, text and JSONL line by line in blocks, a hub
-dataset through its memory-mapped Arrow cache: the pages it maps in are clean page
-cache, which the kernel reclaims under the cgroup limit), counts its rows without reading the
-captions (`count_rows`: parquet metadata, a newline count, the dataset's row count),
-and hashes them while streaming (`sha256`: the digest `aleph.data.tokens.captions_sha256`
-defines). `load_captions` still returns a list, for small sources (tests, probes).
-A `.json` file is one JSON list and is parsed whole: use parquet, JSONL or text for a
-large source.
+in batches (parquet by record batch, text and JSONL line by line in blocks, gzip
+decompressed as a stream, shards one after another in name order, a hub dataset through
+its memory-mapped Arrow cache: the pages it maps in are clean page cache, which the
+kernel reclaims under the cgroup limit), counts its rows without holding the captions
+(`count_rows`: parquet metadata, a newline count, the dataset's row count), and hashes
+them while streaming (`sha256`: the digest `aleph.data.tokens.captions_sha256` defines).
+Every file is opened through `aleph.data.readers` (regular files only, bounded lines).
+`load_captions` still returns a list, for small sources (tests, probes). A `.json` file
+is one JSON list and is parsed whole: use parquet, JSONL or text for a large source.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from aleph._io import work_root
+from aleph.data import readers
 from aleph.errors import DataError
 
-FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
+FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".gz")  # a path, not a dataset id
 BATCH_ROWS = 8192  # captions per batch read from a source
 _BLOCK = 1 << 20  # bytes read per block from a text file
 
@@ -90,19 +93,19 @@ class CaptionSource:
         self._rows: int | None = None
         self._ds = None  # the hub dataset, loaded on first read
         self._json: list[str] | None = None  # a .json list, parsed on first read
+        self.shards: list[CaptionSource] = []  # a directory's shards, in row order
         path = Path(source).expanduser()
-        if path.suffix in FILE_SUFFIXES or path.exists():
-            if not path.exists():
-                raise DataError(f"captions file {path} does not exist")
-            if not path.is_file():
-                raise DataError(f"captions source {path} is not a file; expected one of {FILE_SUFFIXES}")
-            if path.suffix not in FILE_SUFFIXES:
-                raise DataError(f"captions file {path}: unsupported type; expected {FILE_SUFFIXES}")
+        if path.suffix in FILE_SUFFIXES or os.path.lexists(path):
             self.path: Path | None = path
-            self.kind = path.suffix[1:]
             self.name = str(path)
+            if path.is_dir():
+                self.kind = "dir"
+                self.shards = [CaptionSource(p, column) for p in readers.shard_files(path)]
+                return
+            readers.check_regular(path)  # missing, a FIFO, a device: one line, never a hang
+            self.kind = readers.file_kind(path)
             if self.kind == "parquet":
-                self._parquet_file()  # a non-parquet file or a missing column fails here
+                self.parquet_file()  # a non-parquet file or a missing column fails here
         else:
             self.path, self.kind, self.name = None, "hub", str(source)
 
@@ -114,7 +117,10 @@ class CaptionSource:
         """The captions in row order, as lists of at most `rows` strings."""
         if rows < 1:
             raise DataError(f"batch rows {rows!r}: expected an integer >= 1")
-        if self.kind == "txt":
+        if self.kind == "dir":
+            yield from _rebatch(itertools.chain.from_iterable(s.batches(rows) for s in self.shards),
+                                rows)
+        elif self.kind == "txt":
             yield from _rebatch(self._text_blocks(), rows)
         elif self.kind == "jsonl":
             yield from _rebatch(self._jsonl_lines(), rows)
@@ -144,12 +150,14 @@ class CaptionSource:
         """Rows of the source, without holding its captions (cached on this object).
 
         Parquet: the footer's row count. Text: newlines (plus an unterminated last line).
-        JSONL: non-blank lines. Hub dataset: its row count. JSON list: its length.
+        JSONL: non-blank lines. Hub dataset: its row count. JSON list: its length. A
+        directory: the sum over its shards. A .gz file is decompressed to count.
         """
         if self._rows is None:
             self._rows = {"txt": self._count_text, "jsonl": self._count_jsonl,
+                          "dir": lambda: sum(s.count_rows() for s in self.shards),
                           "json": lambda: len(self._json_list()),
-                          "parquet": lambda: self._parquet_file().metadata.num_rows,
+                          "parquet": lambda: self.parquet_file().metadata.num_rows,
                           "hub": lambda: self._dataset().num_rows}[self.kind]()
         return self._rows
 
@@ -160,9 +168,17 @@ class CaptionSource:
         batch (the trainer's progress line on a 31.9M-row source).
         """
         h = CaptionsHasher()
-        if self.kind in ("parquet", "hub"):
+        self._hash_into(h, rows, progress)
+        return h.hexdigest()
+
+    def _hash_into(self, h: CaptionsHasher, rows: int, progress) -> None:
+        if self.kind == "dir":
+            for shard in self.shards:  # one digest over all shards, as if concatenated
+                shard._hash_into(h, rows, progress)
+        elif self.kind in ("parquet", "hub"):
+            start = h.rows
             for arr in self._arrow_batches(rows):
-                _check_arrow(arr, self._where(), h.rows)
+                _check_arrow(arr, self._where(), h.rows - start)
                 h.update_arrow(arr)
                 if progress is not None:
                     progress(h.rows)
@@ -171,7 +187,6 @@ class CaptionSource:
                 h.update(batch)
                 if progress is not None:
                     progress(h.rows)
-        return h.hexdigest()
 
     # --- text and JSON ---------------------------------------------------------------------
     def _text_blocks(self) -> Iterator[list[str]]:
@@ -179,7 +194,7 @@ class CaptionSource:
         \\x1c, U+2028 and the other characters str.splitlines would also split on), a
         trailing \\r dropped; the empty piece after a final newline is not a row."""
         line_no, carry = 1, b""
-        with open(self.path, "rb") as f:
+        with readers.Stream(self.path) as f:
             while True:
                 block = f.read(_BLOCK)
                 if not block:
@@ -205,32 +220,21 @@ class CaptionSource:
 
     def _count_text(self) -> int:
         n, last = 0, b""
-        with open(self.path, "rb") as f:
+        with readers.Stream(self.path) as f:
             while block := f.read(_BLOCK):
                 n += block.count(b"\n")
                 last = block[-1:]
         return n + (1 if last not in (b"", b"\n") else 0)
 
     def _jsonl_lines(self) -> Iterator[str]:
-        with open(self.path, "rb") as f:
-            for n, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{self.path}:{n}: not UTF-8 text ({e})") from e
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{self.path}:{n}: invalid JSON ({e})") from e
-                yield _field(obj, self.column, f"{self.path}:{n}")
+        for n, obj in readers.jsonl_objects(self.path):
+            yield _field(obj, self.column, f"{self.path}:{n}")
 
     def _count_jsonl(self) -> int:
         """Lines that `_jsonl_lines` does not skip as blank (str.strip() is empty)."""
         n = 0
-        with open(self.path, "rb") as f:
-            for raw in f:
+        with readers.Stream(self.path) as f:
+            for _, raw in f.lines():
                 s = raw.strip()  # ASCII whitespace
                 if not s:
                     continue
@@ -243,7 +247,8 @@ class CaptionSource:
     def _json_list(self) -> list[str]:
         if self._json is None:
             try:
-                data = json.loads(self.path.read_text(encoding="utf-8"))
+                with readers.open_regular(self.path) as f:
+                    data = json.loads(f.read().decode("utf-8"))
             except UnicodeDecodeError as e:
                 raise DataError(f"{self.path}: not UTF-8 text ({e})") from e
             except json.JSONDecodeError as e:
@@ -259,9 +264,13 @@ class CaptionSource:
         return (f"{self.path} column {self.column!r}" if self.path is not None else
                 f"dataset {self.name!r} column {self.column!r}")
 
-    def _parquet_file(self):
+    def parquet_file(self):
+        """The `pyarrow.parquet.ParquetFile` of a parquet source, its column checked."""
         import pyarrow.parquet as pq
 
+        # opened by path (Arrow's own file reads), right after a stat that refuses a FIFO
+        # or a device, so the open cannot block
+        readers.check_regular(self.path)
         try:
             # buffered reads, no pre-buffering: a row group's column chunk is read page by
             # page, so memory does not scale with the row group size
@@ -298,7 +307,7 @@ class CaptionSource:
             for table in ds.iter(batch_size=rows):  # memory-mapped Arrow cache, not a list
                 yield table.column(self.column).combine_chunks()
             return
-        pf = self._parquet_file()
+        pf = self.parquet_file()
         it = pf.iter_batches(batch_size=rows, columns=[self.column], use_threads=False)
         while True:
             try:
@@ -317,13 +326,24 @@ def open_captions(source: str | os.PathLike | CaptionSource, column: str = "capt
     """A `CaptionSource` for `source` (checked now: existence, type, parquet column).
 
     A path ending in .txt (one caption per line), .jsonl (one object per line),
-    .json (a list of objects) or .parquet reads the `column` field; anything else that
-    is not an existing path is taken as a Hugging Face dataset id, loaded with `datasets`
+    .json (a list of objects) or .parquet reads the `column` field (.txt.gz and .jsonl.gz
+    are read as they are); a directory is its .jsonl/.jsonl.gz/.parquet shards in name
+    order (`aleph.data.readers.shard_files`); anything else that is not an existing path
+    is taken as a Hugging Face dataset id, loaded with `datasets`
     when first read (split `split`, cached under `cache_dir`, default <work root>/cache/hf).
     """
     if isinstance(source, CaptionSource):
         return source
     return CaptionSource(source, column, split, cache_dir)
+
+
+def shards_identity(directory: str | os.PathLike) -> dict:
+    """Cheap identity of a shard directory: its path and each shard's name, size and mtime
+    (keys the memo of its captions' sha256: a changed, added or removed shard changes it)."""
+    shards = readers.shard_files(directory)
+    stats = [(p, p.stat()) for p in shards]
+    return {"path": str(Path(directory).resolve()),
+            "shards": [[p.name, st.st_size, st.st_mtime_ns] for p, st in stats]}
 
 
 def load_captions(source: str | os.PathLike, column: str = "caption", split: str = "train",

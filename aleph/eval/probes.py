@@ -7,10 +7,11 @@
   scored against the same number of candidates.
   Ties split (TIE_RULE): a row whose own target shares the top score with k-1 other
   candidates scores 1/k (the expected hit of a random pick among them); a row whose own
-  target is below the top scores 0. Candidates whose target is bit-identical to the row's
-  own target (one caption target appearing twice in a batch) are given exactly the own
-  target's score, so the figure does not depend on how the matmul rounded two copies
-  of one vector: a duplicated target is a tie, never a hit or a miss by rounding.
+  target is below the top scores 0. Candidates whose target row is bitwise equal to the
+  row's own target (one caption target appearing twice in a batch) are given exactly the
+  own target's score (`aleph.data.align.retrieval_credit`, which `aleph data check-align`
+  uses too), so the figure does not depend on how the GEMM rounded two copies of one
+  vector: a duplicated target is a tie by identity, never a hit or a miss by rounding.
 - cos->target: mean cosine between a row's embedding and its own target.
 - erank: participation ratio (sum l)^2 / sum l^2 of the eigenvalues l of the embeddings'
   (centred) covariance; between 1 (one direction) and D (isotropic), reported out of D.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from aleph.data.align import bitwise_same, retrieval_credit
 from aleph.errors import DataError
 
 
@@ -43,17 +45,13 @@ def mimicry_r_at_1(student: torch.Tensor, target: torch.Tensor, batch_size: int)
             f"R@1 needs batch_size >= 2 and at least one full batch: {student.shape[0]} rows, "
             f"batch_size {batch_size}"
         )
-    s = F.normalize(student.double(), dim=-1)[: n_batches * batch_size]  # (n*B, D)
-    t = F.normalize(target.double(), dim=-1)[: n_batches * batch_size]  # (n*B, D)
-    s = s.view(n_batches, batch_size, -1)  # (n, B, D)
-    t = t.view(n_batches, batch_size, -1)  # (n, B, D)
+    rows = n_batches * batch_size
+    s = F.normalize(student.double(), dim=-1)[:rows].view(n_batches, batch_size, -1)  # (n, B, D)
+    t = F.normalize(target.double(), dim=-1)[:rows].view(n_batches, batch_size, -1)  # (n, B, D)
     sims = s @ t.transpose(1, 2)  # (n, B, B): row i of batch k vs every target of batch k
-    own = torch.diagonal(sims, dim1=1, dim2=2)  # (n, B): each row's score for its own target
-    same = (t.unsqueeze(2) == t.unsqueeze(1)).all(-1)  # (n, B, B): target j bit-identical to target i
-    sims = torch.where(same, own.unsqueeze(-1), sims)  # (n, B, B) copies of the own target tie exactly
-    top = sims.max(-1).values  # (n, B)
-    tied = (sims == top.unsqueeze(-1)).sum(-1)  # (n, B) candidates sharing the top score, >= 1
-    credit = (own == top).double() / tied.double()  # (n, B) 1/k when the own target is among k tied
+    # identity from the targets as given (before normalising): bitwise-equal rows tie
+    same = bitwise_same(target[:rows].view(n_batches, batch_size, -1))  # (n, B, B)
+    credit = retrieval_credit(sims, same)  # (n, B): 1/k when the own target is among k tied
     return float(credit.mean())
 
 

@@ -120,6 +120,11 @@ class TrainConfig:
     """Let a resumed launch continue although its target or token store's content differs from
     what the run trained on so far (refused by default, naming both content hashes). The change
     is logged and recorded in this launch's manifest.json entry (input_change_allowed)."""
+    allow_misaligned: bool = knob(False, resumable=True, basis=False, added=False)
+    """Train an e1 run although the preflight's alignment check (`aleph data check-align` on a
+    sample) finds that caption row i does not pair with target row i (refused by default,
+    with the figures); the figures are recorded in the launch's manifest.json entry
+    (misalignment_allowed)."""
 
     # --- objective ------------------------------------------------------------------
     tau: float = knob(0.07, resumable=False, basis=True)

@@ -150,6 +150,8 @@ class Inputs:
     captions: Any = None
     """The captions' source (`aleph.data.captions.CaptionSource`, read lazily) if they had to
     be hashed (no memoised digest), for the token store build."""
+    misalignment_allowed: dict | None = None
+    """The alignment check's figures when allow_misaligned let a misaligned pairing through."""
 
 
 def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: None) -> Inputs:
@@ -198,9 +200,15 @@ def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: Non
     check_aligned(rows, target_rows, f"captions {src.captions}",
                   f"targets ({len(src.targets)} chunk file(s) from {src.targets[0]})")
     check_shape(cfg, rows, len(tokenizer), tokenizer.pad_token_id, dim)
+    allowed = None
+    if cfg.preset == "e1" and not cfg.smoke_data:  # the pairing itself, on a sample
+        from aleph.data.align import preflight_alignment
+
+        allowed = preflight_alignment(src.captions, src.captions_column, src.targets, tokenizer,
+                                      digest, cfg.allow_misaligned, say)
     say(f"inputs: OK: {rows:,} captions = {target_rows:,} target rows "
         f"({time.monotonic() - t0:.1f} s)")
-    return Inputs(src, tokenizer, digest, captions)
+    return Inputs(src, tokenizer, digest, captions, allowed)
 
 
 def check_shape(cfg: TrainConfig, rows: int, vocab_size: int, pad_id: int, dim: int) -> None:
@@ -358,6 +366,10 @@ def captions_identity(source: str, column: str = "caption") -> dict[str, Any]:
         st = path.stat()
         return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                 **field}
+    if path.is_dir():  # a shard directory: each shard's name, size and mtime
+        from aleph.data.captions import shards_identity
+
+        return {**shards_identity(path), **field}
     return {"dataset": source, **field}
 
 

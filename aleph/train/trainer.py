@@ -108,6 +108,8 @@ def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str,
     if world.is_main:
         now = input_record(targets, tokens)
         allowed = check_inputs_unchanged(cfg, manifest, resume_from, now, log, launch_id)
+        if inputs.misalignment_allowed:  # written with the inputs record below
+            manifest.launch["misalignment_allowed"] = inputs.misalignment_allowed
         manifest.record_inputs(now, allowed)
         record_data(run_dir, manifest, inputs.sources, targets, tokens, tokenizer)
 

@@ -51,8 +51,8 @@ def test_missing_or_unsupported_files(tmp_path):
     (tmp_path / "c.csv").write_text("a\n")
     with pytest.raises(DataError, match="unsupported"):
         load_captions(tmp_path / "c.csv")
-    (tmp_path / "d.txt").mkdir()
-    with pytest.raises(DataError, match="is not a file"):
+    (tmp_path / "d.txt").mkdir()  # a directory is a shard directory: this one has none
+    with pytest.raises(DataError, match="holds no caption shards"):
         load_captions(tmp_path / "d.txt")
 
 

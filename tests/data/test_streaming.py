@@ -1,6 +1,7 @@
 """Caption sources read in batches: same captions, same digest, same store as the list path,
 row counts without the captions, and memory that does not grow with the row count."""
 
+import gzip
 import hashlib
 import json
 import tracemalloc
@@ -33,7 +34,17 @@ def old_digest(captions):
 
 def write(tmp_path, kind, caps, column="caption"):
     p = tmp_path / f"c.{kind}"
-    if kind == "txt":
+    if kind in ("jsonl.gz", "shards"):  # gzipped JSONL; shards: three of them in a directory
+        lines = [json.dumps({column: c, "n": i}) + "\n" for i, c in enumerate(caps)]
+        n = len(lines)
+        parts = [lines] if kind == "jsonl.gz" else [lines[k * n // 3:(k + 1) * n // 3]
+                                                    for k in range(3)]
+        if kind == "shards":
+            p.mkdir()
+        for k, part in enumerate(parts):
+            out = p if kind == "jsonl.gz" else p / f"part-{k:03d}.jsonl.gz"
+            out.write_bytes(gzip.compress("".join(part).encode(), compresslevel=1))
+    elif kind == "txt":
         p.write_bytes("".join(c + "\n" for c in caps).encode())
     elif kind == "jsonl":
         p.write_text("".join(json.dumps({column: c, "n": i}) + "\n" for i, c in enumerate(caps)))
@@ -44,7 +55,7 @@ def write(tmp_path, kind, caps, column="caption"):
     return p
 
 
-@pytest.mark.parametrize("kind", ["txt", "jsonl", "json", "parquet"])
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "json", "parquet", "jsonl.gz", "shards"])
 def test_streaming_equals_the_list_and_the_old_digest(tmp_path, kind):
     caps = (LINE_CAPS if kind == "txt" else CAPS) * 3
     src = open_captions(write(tmp_path, kind, caps))
@@ -172,7 +183,7 @@ def _peak(fn) -> int:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize("kind", ["parquet", "txt", "jsonl"])
+@pytest.mark.parametrize("kind", ["parquet", "txt", "jsonl", "jsonl.gz", "shards"])
 def test_memory_does_not_grow_with_the_row_count(tmp_path, smoke_tokenizer, kind, monkeypatch):
     """Count, hash and tokenise 1,500 and 12,000 rows (8x): Python's peak allocation stays
     about the same. The bound is one batch of captions (128 rows here) plus one read block

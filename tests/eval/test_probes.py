@@ -4,7 +4,9 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from aleph.data.align import bitwise_same, retrieval_credit
 from aleph.errors import DataError
 from aleph.eval.probes import cos_to_target, erank, mimicry_r_at_1, probe_all
 
@@ -83,3 +85,37 @@ def test_r_at_1_copies_tie_even_when_rounding_differs():
     # keep their 1/6 each; an argmax rule would credit none of them (index 0 wins the tie)
     student[0] = base[1]
     assert mimicry_r_at_1(student, target, batch_size=8) == pytest.approx((5 * (1 / 6) + 2) / 8)
+
+
+def test_r_at_1_duplicates_whose_gemm_scores_differ_in_the_last_bit():
+    """Two bitwise-equal target rows in one batch, whose bmm scores really differ in the last
+    bit, both rounded the same way for their two rows (asserted), so a rule by score would
+    give rows 0 and 8 both 1 or both 0 (R@1 9/9 or 7/9): by identity they tie, 1/2 each."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):  # a batch where the GEMM rounds the two copies apart
+        target = F.normalize(torch.randn(9, 64, generator=g, dtype=torch.float64), dim=-1)
+        target[8] = target[0]
+        student = target + 1e-2 * torch.randn(9, 64, generator=g, dtype=torch.float64)
+        sims = F.normalize(student, dim=-1).view(1, 9, 64) @ target.view(1, 9, 64).transpose(1, 2)
+        a, b = sims[0, 0, 0] - sims[0, 0, 8], sims[0, 8, 8] - sims[0, 8, 0]  # own - copy
+        if a != 0 and b != 0 and (a > 0) == (b > 0):
+            break
+    else:
+        pytest.skip("this BLAS computed every pair of duplicate columns bitwise alike")
+    assert (sims[0, 0, 0] - sims[0, 0, 8]).abs() < 1e-12  # the last bits, not the values
+    assert torch.equal(sims[0].argmax(-1)[1:8], torch.arange(1, 8))  # the others are hits
+    assert mimicry_r_at_1(student, target, batch_size=9) == (7 + 0.5 + 0.5) / 9
+
+
+def test_retrieval_credit_ties_by_identity_not_by_score():
+    own = torch.tensor(0.75, dtype=torch.float64)
+    up = torch.nextafter(own, torch.tensor(1.0, dtype=torch.float64))  # one ulp above
+    scores = torch.tensor([[own, up, 0.1], [own, up, 0.1], [0.2, 0.3, 0.9]], dtype=torch.float64)
+    same = torch.tensor([[True, True, False], [True, True, False], [False, False, True]])
+    assert retrieval_credit(scores, same).tolist() == [0.5, 0.5, 1.0]
+    # without the identity the last bit decides: row 0 misses, row 1 hits
+    assert retrieval_credit(scores, torch.eye(3, dtype=torch.bool)).tolist() == [0.0, 1.0, 1.0]
+    rows = torch.tensor([[1.0, 2.0], [1.0, 2.0], [-0.0, 2.0], [0.0, 2.0]], dtype=torch.float16)
+    # bitwise, not by value: -0.0 and 0.0 are equal numbers but different rows
+    assert bitwise_same(rows).tolist() == [[True, True, False, False], [True, True, False, False],
+                                           [False, False, True, False], [False, False, False, True]]

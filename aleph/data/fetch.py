@@ -1,0 +1,195 @@
+"""`aleph data fetch --captions`: E1's caption file from the hub, pinned, verified, resumable.
+
+The captions are `CaptionEmporium/conceptual-captions-cc12m-llavanext` (CC-BY-SA-4.0):
+one `train.jsonl.gz` of 10,965,172 records (about 3.58 GB), at revision `1c24bdb` (the
+short id the public record gives). The first download resolves it to the full commit id
+through the hub's file record (`huggingface_hub.get_hf_file_metadata`: commit, size and
+the LFS sha256), downloads that commit's file through huggingface_hub's HTTP session into a hidden
+`.fetch/` directory (an interrupted download resumes from its partial file with a Range
+request: huggingface_hub 1.x's `hf_hub_download` deletes a partial file), checks size
+and sha256, and only then moves it to `<dest>/train.jsonl.gz` and writes the record
+`<dest>/train.jsonl.gz.fetch.json` (repo, file, revision, commit, size, sha256, licence).
+A damaged download is deleted and refused in one line; nothing under `<dest>` claims to
+be good. Later calls verify the file against the record and need no network, so a VM
+without network gets the file and its record copied (the offline bundle story); a call
+that reaches the hub refuses a revision that now resolves to another commit. The token,
+when one is needed, is huggingface_hub's own: HF_TOKEN in the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+from aleph._io import atomic_write_json, fsync_dir, read_json, work_root
+from aleph.data import readers
+from aleph.errors import DataError
+
+CAPTIONS_REPO = "CaptionEmporium/conceptual-captions-cc12m-llavanext"
+CAPTIONS_FILE = "train.jsonl.gz"
+CAPTIONS_REVISION = "1c24bdb"  # the public record's short id; resolved and recorded at first use
+CAPTIONS_LICENCE = "CC-BY-SA-4.0"
+RECORD_SUFFIX = ".fetch.json"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+
+
+def captions_dir() -> Path:
+    """Where E1's data lives: <work>/data/e1."""
+    return work_root() / "data" / "e1"
+
+
+def _sha256(path: Path) -> tuple[int, str]:
+    h, size = hashlib.sha256(), 0
+    with readers.open_regular(path, "captions file") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+            size += len(block)
+    return size, h.hexdigest()
+
+
+def _verify(path: Path, size: int, sha256: str) -> str | None:
+    """None when `path` has `size` bytes and that sha256, else what differs."""
+    have = os.stat(path).st_size
+    if have != size:
+        return f"{have:,} bytes, expected {size:,}"
+    _, digest = _sha256(path)
+    return None if digest == sha256 else f"sha256 {digest}, expected {sha256}"
+
+
+def _hub_record(repo: str, filename: str, revision: str, endpoint: str | None) -> dict:
+    """commit, size and sha256 of `filename` at `revision`, from the hub's file record."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    url = hf_hub_url(repo, filename, repo_type="dataset", revision=revision, endpoint=endpoint)
+    try:
+        meta = get_hf_file_metadata(url)
+    except Exception as e:  # offline, unknown repo/revision, 401: huggingface_hub raises many types
+        first = (str(e).splitlines() or [""])[0]
+        raise DataError(f"cannot read the hub's record of {repo}/{filename} at {revision} "
+                        f"({type(e).__name__}: {first}); needs network access to the hub (and "
+                        "HF_TOKEN if the repo is gated), or a copied file and its record") from None
+    commit, sha, size = meta.commit_hash or "", (meta.etag or "").lower(), meta.size
+    if not _HEX40.fullmatch(commit) or not _HEX64.fullmatch(sha) or not isinstance(size, int):
+        raise DataError(f"the hub's record of {repo}/{filename} at {revision} lacks a full commit "
+                        f"id, an LFS sha256 or a size (commit {commit!r}, etag {sha!r}, size "
+                        f"{size!r}); expected an LFS file record")
+    return {"commit": commit, "size": size, "sha256": sha}
+
+
+def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIONS_REVISION,
+                   endpoint: str | None = None, repo: str = CAPTIONS_REPO,
+                   filename: str = CAPTIONS_FILE, say=lambda line: None) -> Path:
+    """The verified caption file under `dest` (default <work>/data/e1), downloaded if
+    needed (see the module docstring); returns its path."""
+    dest = Path(dest).expanduser() if dest is not None else captions_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    final, record_path = dest / filename, dest / (filename + RECORD_SUFFIX)
+    record = None
+    if record_path.exists():
+        readers.check_regular(record_path, "fetch record")
+        try:
+            record = read_json(record_path)
+        except ValueError as e:
+            raise DataError(f"{record_path}: not a fetch record ({e}); expected the JSON this "
+                            "command writes: move it away and fetch again") from None
+        if record.get("repo") != repo or record.get("file") != filename or \
+                record.get("revision") != revision:
+            raise DataError(f"{record_path} records {record.get('repo')}/{record.get('file')} "
+                            f"at {record.get('revision')}, not {repo}/{filename} at {revision}")
+    if record is not None and os.path.lexists(final):
+        readers.check_regular(final)
+        bad = _verify(final, record["size"], record["sha256"])
+        if bad:
+            raise DataError(f"{final}: {bad} (its record {record_path.name}, commit "
+                            f"{record['commit'][:12]}); it is not replaced: move it away and run "
+                            "this again to download a good copy")
+        say(f"{final}: verified: {record['size']:,} bytes, sha256 {record['sha256'][:16]}…, "
+            f"{repo} at {record['commit'][:12]} (no download)")
+        return final
+    hub = _hub_record(repo, filename, revision, endpoint)
+    if record is not None and (record["commit"], record["size"], record["sha256"]) != (
+            hub["commit"], hub["size"], hub["sha256"]):
+        raise DataError(f"{repo} revision {revision} now resolves to commit {hub['commit']} "
+                        f"(size {hub['size']:,}, sha256 {hub['sha256'][:16]}…), but "
+                        f"{record_path} recorded {record['commit']} (size {record['size']:,}, "
+                        f"sha256 {record['sha256'][:16]}…); refused: the captions would change")
+    entry = {"repo": repo, "file": filename, "revision": revision, **hub,
+             "licence": CAPTIONS_LICENCE}
+    if os.path.lexists(final):  # a copy placed without its record: kept only if it is this file
+        readers.check_regular(final)
+        bad = _verify(final, hub["size"], hub["sha256"])
+        if bad:
+            raise DataError(f"{final} exists without a record and is not {repo}/{filename} at "
+                            f"{hub['commit'][:12]}: {bad}; it is not replaced: move it away")
+    else:
+        _download(dest, final, entry, endpoint, say)
+    atomic_write_json(record_path, {**entry, "fetched_utc": datetime.now(UTC)
+                                    .strftime("%Y-%m-%dT%H:%M:%SZ")})
+    say(f"{final}: {hub['size']:,} bytes, sha256 {hub['sha256']}, {repo} at commit "
+        f"{hub['commit']} ({CAPTIONS_LICENCE}); record {record_path.name}")
+    return final
+
+
+ATTEMPTS = 3  # tries per call, each resuming where the last one stopped
+
+
+def _download(dest: Path, final: Path, entry: dict, endpoint: str | None, say) -> None:
+    """GET the file at its commit into .fetch/<file>.<sha256 prefix>.part, resuming from the
+    bytes already there with a Range request (huggingface_hub's session and headers, so
+    HF_TOKEN and HF_ENDPOINT apply), then verify and move it into place."""
+    import time
+
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    partial_dir = dest / ".fetch"  # hidden: a partial download never looks like the file
+    partial_dir.mkdir(exist_ok=True)
+    part = partial_dir / f"{entry['file']}.{entry['sha256'][:16]}.part"
+    url = hf_hub_url(entry["repo"], entry["file"], repo_type="dataset", revision=entry["commit"],
+                     endpoint=endpoint)
+    size, error = entry["size"], ""
+    for attempt in range(ATTEMPTS):
+        have = part.stat().st_size if part.exists() else 0
+        if have > size:  # not a prefix of this file: start again
+            part.unlink()
+            have = 0
+        if have == size:
+            break
+        say(f"downloading {entry['repo']}/{entry['file']} at {entry['commit'][:12]}: "
+            f"{have:,} of {size:,} bytes here, fetching the rest into {part}")
+        headers = build_hf_headers()
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        try:
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                                      timeout=60) as r:
+                hf_raise_for_status(r)
+                resumed = have and r.status_code == 206
+                with open(part, "ab" if resumed else "wb") as f:
+                    for chunk in r.iter_bytes():  # as received: a cut keeps what came
+                        f.write(chunk)
+                    f.flush()
+                    os.fsync(f.fileno())
+        except Exception as e:  # network, HTTP errors: huggingface_hub and httpx raise many types
+            error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            if attempt + 1 < ATTEMPTS:
+                time.sleep(1.0)
+    have = part.stat().st_size if part.exists() else 0
+    if have < size:
+        raise DataError(f"download of {entry['repo']}/{entry['file']} at {entry['commit'][:12]} "
+                        f"stopped at {have:,} of {size:,} bytes ({error}); run the same command "
+                        f"again to resume from {part}")
+    bad = _verify(part, size, entry["sha256"])
+    if bad:
+        shutil.rmtree(partial_dir, ignore_errors=True)  # ours, and damaged: nothing kept
+        raise DataError(f"downloaded {entry['file']} is damaged: {bad} (the hub's record for "
+                        f"commit {entry['commit'][:12]}); deleted, nothing kept under {dest}: "
+                        "run the command again")
+    os.replace(part, final)
+    fsync_dir(dest)
+    shutil.rmtree(partial_dir, ignore_errors=True)

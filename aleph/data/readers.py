@@ -1,0 +1,187 @@
+"""Untrusted caption files, opened safely: regular files only, gzip streams, shard directories.
+
+Every caption input (a single file, each shard of a directory) goes through
+`open_stream`: it is opened with O_NONBLOCK and checked with fstat before a byte is read,
+so a FIFO, a device or a directory is refused in one line instead of blocking the
+reader; a `.gz` file is decompressed as a stream (`.txt.gz`, `.jsonl.gz`), and a damaged
+or truncated gzip stream is a DataError naming the file, never a traceback. Lines are read
+with a bound (`MAX_LINE_BYTES`), so a file without newlines (or a gzip bomb of one line)
+cannot take the memory. `shard_files` lists a directory's shards in name order, refusing
+a symlink that leads out of the directory and numbers whose name order differs from
+their numeric order.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import stat
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from aleph.errors import DataError
+
+SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")  # what a shard directory may hold
+GZ_INNER = (".txt", ".jsonl")  # what a .gz file may hold
+MAX_LINE_BYTES = 16 << 20  # one caption line or JSONL record, at most
+_GZ_ERRORS = (OSError, EOFError, zlib.error)  # BadGzipFile is an OSError; truncation EOFError
+
+
+def _kind_of_mode(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular(path: str | os.PathLike, what: str = "captions file") -> os.stat_result:
+    """os.stat of `path` (following symlinks), or a DataError when it is missing or not a
+    regular file. stat never blocks, so a FIFO is told apart before anything opens it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise DataError(f"{what} {path} does not exist") from None
+    except OSError as e:
+        raise DataError(f"{what} {path}: cannot stat ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise DataError(f"{what} {path} is {_kind_of_mode(st.st_mode)}; expected a regular file")
+    return st
+
+
+def open_regular(path: str | os.PathLike, what: str = "captions file"):
+    """A binary file object of the regular file `path`. Checked by stat, then opened with
+    O_NONBLOCK and checked again with fstat (the path may have been swapped for a FIFO in
+    between): opening never blocks and nothing but a regular file is ever read."""
+    check_regular(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise DataError(f"{what} {path}: cannot open ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise DataError(f"{what} {path} is {_kind_of_mode(st.st_mode)}; expected a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+class Stream:
+    """A binary read stream of one caption file, decompressed when it ends in .gz; read
+    errors (a damaged gzip stream above all) become one-line DataErrors naming the file."""
+
+    def __init__(self, path: str | os.PathLike, what: str = "captions file") -> None:
+        self.path = Path(path)
+        self._raw = open_regular(path, what)
+        self.gz = self.path.name.endswith(".gz")
+        self._f = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.gz else self._raw
+
+    def _fail(self, e: BaseException) -> DataError:
+        why = "truncated gzip stream" if isinstance(e, EOFError) else f"{type(e).__name__}: {e}"
+        kind = "gzip file" if self.gz else "file"
+        return DataError(f"{self.path}: damaged or unreadable {kind} ({why}); expected a "
+                         f"complete {'gzip-compressed ' if self.gz else ''}file")
+
+    def read(self, n: int) -> bytes:
+        try:
+            return self._f.read(n)
+        except _GZ_ERRORS as e:
+            raise self._fail(e) from None
+
+    def lines(self) -> Iterator[tuple[int, bytes]]:
+        """(1-based line number, line without its \\n), each at most MAX_LINE_BYTES."""
+        n = 0
+        while True:
+            try:
+                raw = self._f.readline(MAX_LINE_BYTES + 1)
+            except _GZ_ERRORS as e:
+                raise self._fail(e) from None
+            if not raw:
+                return
+            n += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise DataError(f"{self.path}:{n}: line longer than {MAX_LINE_BYTES:,} bytes; "
+                                "expected one caption or JSON record per line")
+            yield n, raw.removesuffix(b"\n")
+
+    def close(self) -> None:
+        if self._f is not self._raw:
+            self._f.close()
+        self._raw.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def file_kind(path: Path) -> str:
+    """'txt', 'jsonl', 'json' or 'parquet' for a caption file (a .gz by its inner suffix),
+    or a DataError naming the suffixes understood."""
+    name = path.name
+    inner = Path(name[:-3]).suffix if name.endswith(".gz") else path.suffix
+    allowed = (".txt", ".jsonl", ".json", ".parquet") if not name.endswith(".gz") else GZ_INNER
+    if inner not in allowed:
+        raise DataError(f"captions file {path}: unsupported type; expected .txt, .jsonl, .json, "
+                        ".parquet, .txt.gz or .jsonl.gz (or a directory of "
+                        f"{'/'.join(SHARD_SUFFIXES)} shards)")
+    return inner[1:]
+
+
+def _natural_key(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def shard_files(directory: str | os.PathLike) -> list[Path]:
+    """The shards of a caption directory (names ending in .jsonl, .jsonl.gz or .parquet;
+    other names, dot files and subdirectories are not shards), in name order, which is
+    their row order. Refused: a directory without shards, a shard that is a symlink leading
+    outside the directory, a shard that is not a regular file, and names that sort
+    differently by name and by number (shard_2 before shard_10 is ambiguous)."""
+    d = Path(directory)
+    try:
+        names = sorted(n for n in os.listdir(d) if n.endswith(SHARD_SUFFIXES)
+                       and not n.startswith("."))
+    except OSError as e:
+        raise DataError(f"captions directory {d}: cannot list ({e.strerror})") from None
+    if not names:
+        raise DataError(f"captions directory {d} holds no caption shards; expected files "
+                        f"ending in {', '.join(SHARD_SUFFIXES)}, read in name order")
+    by_number = sorted(names, key=_natural_key)
+    if by_number != names:
+        k = next(i for i, (a, b) in enumerate(zip(names, by_number, strict=True)) if a != b)
+        raise DataError(f"captions directory {d}: shard names sort differently by name "
+                        f"({names[k]} first) and by number ({by_number[k]} first), so their "
+                        "row order is ambiguous; zero-pad the numbers (shard_002, not shard_2)")
+    real_dir = os.path.realpath(d)
+    out = []
+    for n in names:
+        p = d / n
+        if p.is_symlink():
+            target = os.path.realpath(p)
+            if os.path.commonpath([real_dir, target]) != real_dir:
+                raise DataError(f"captions shard {p} is a symlink leading outside {d} (to "
+                                f"{target}); expected shards inside the directory")
+        check_regular(p, "captions shard")
+        out.append(p)
+    return out
+
+
+def jsonl_objects(path: Path) -> Iterator[tuple[int, object]]:
+    """(line number, parsed JSON value) of each non-blank line of a .jsonl(.gz) file."""
+    with Stream(path) as f:
+        for n, raw in f.lines():
+            try:
+                obj = json.loads(raw)  # bytes: decoded as UTF-8 by json itself
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{n}: not UTF-8 text ({e})") from e
+            except json.JSONDecodeError as e:
+                if not raw.decode("utf-8", "replace").strip():
+                    continue  # a blank line (Unicode whitespace included) is not a record
+                raise DataError(f"{path}:{n}: invalid JSON ({e})") from e
+            yield n, obj

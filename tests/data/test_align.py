@@ -1,0 +1,113 @@
+"""`aleph data check-align` on the smoke data: the true pairing passes; shuffled, shifted by
+one row, and a row dropped halfway fail; row counts that differ are bad input (exit 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from aleph.data import load_captions, open_captions
+from aleph.data.align import check_alignment, sample_blocks
+from aleph.errors import DataError
+
+SAMPLE = 2048  # 16 blocks of 128: 1,024 rows fitted, 1,024 held out
+
+
+def _parquet(path, caps):
+    pq.write_table(pa.table({"caption": caps}), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pairings(smoke, tmp_path_factory):
+    d = tmp_path_factory.mktemp("align")
+    caps = load_captions(smoke.captions)
+    order = np.random.default_rng(0).permutation(len(caps))
+    half = len(caps) // 2
+    return {"aligned": _parquet(d / "aligned.parquet", caps),
+            "shuffled": _parquet(d / "shuffled.parquet", [caps[i] for i in order]),
+            "shift": _parquet(d / "shift.parquet", caps[1:] + caps[:1]),
+            "dropped": _parquet(d / "dropped.parquet", caps[:half] + caps[half + 1:] + caps[:1])}
+
+
+def _check(smoke, smoke_tokenizer, path):
+    return check_alignment(open_captions(path), [str(p) for p in smoke.target_chunks],
+                           smoke_tokenizer, sample=SAMPLE)
+
+
+def test_aligned_pairing_passes_far_above_chance(smoke, smoke_tokenizer, pairings):
+    r = _check(smoke, smoke_tokenizer, pairings["aligned"])
+    assert r.aligned, r.line()
+    assert r.held_out == r.fitted == 1024
+    assert r.r_at_1 > 100 * r.chance and r.r_at_1 > 5 * max(r.shuffled, *r.shifted.values())
+
+
+@pytest.mark.parametrize("kind", ["shuffled", "shift", "dropped"])
+def test_misaligned_pairings_fail(smoke, smoke_tokenizer, pairings, kind):
+    r = _check(smoke, smoke_tokenizer, pairings[kind])
+    assert not r.aligned, r.line()
+    if kind == "shift":  # caption i is target i+1's text: that pairing wins, and is named
+        assert r.shifted[1] > 100 * r.chance and "caption i looks like target i+1's" in r.line()
+    if kind == "shuffled":
+        assert r.r_at_1 < 10 * r.chance
+
+
+def test_cli_exit_codes(smoke, pairings, tmp_path):
+    def run(captions):
+        return subprocess.run(
+            [sys.executable, "-m", "aleph", "data", "check-align", "--captions", str(captions),
+             "--targets", str(smoke.target_chunks[0].parent), "--tokenizer",
+             str(smoke.tokenizer_dir), "--sample", str(SAMPLE)],
+            capture_output=True, text=True, timeout=300)
+
+    ok = run(pairings["aligned"])
+    assert ok.returncode == 0 and "ALIGNED: held-out R@1" in ok.stdout, ok.stderr
+    bad = run(pairings["shift"])
+    assert bad.returncode == 1 and bad.stdout.count("\n") == 1 and "MISALIGNED" in bad.stdout
+    short = _parquet(tmp_path / "short.parquet", load_captions(smoke.captions)[:-1])
+    r = run(short)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert f"{smoke.rows - 1} rows" in r.stderr and f"has {smoke.rows}" in r.stderr
+
+
+def test_sample_blocks_spread_and_refuse_tiny_sources():
+    blocks = sample_blocks(31_905_616, 4096)
+    assert len(blocks) == 16 and all(n == 256 for _, n in blocks)
+    assert blocks[0][0] == 2 and blocks[-1][0] + 256 == 31_905_616 - 2  # shifts fit both ends
+    assert all(b[0] - a[0] > 256 for a, b in zip(blocks, blocks[1:], strict=False))
+    with pytest.raises(DataError, match="too few"):
+        sample_blocks(20, 4096)
+
+
+def test_e1_preflight_refuses_a_misaligned_pairing_unless_allowed(smoke, pairings, tmp_path,
+                                                                  monkeypatch):
+    from aleph.train.config import resolve
+    from aleph.train.preflight import check_inputs
+
+    monkeypatch.setenv("ALEPH_WORK", str(tmp_path / "work"))
+
+    def cfg(captions, *sets):
+        return resolve("e1", arm="a2_dense", overrides=[
+            f"captions={captions}", f"targets={smoke.target_chunks[0].parent}",
+            f"tokenizer={smoke.tokenizer_dir}", *sets])
+
+    lines: list[str] = []
+    assert check_inputs(cfg(pairings["aligned"]), say=lines.append).misalignment_allowed is None
+    assert any(x.startswith("inputs: alignment: ALIGNED: held-out R@1") for x in lines)
+    lines.clear()
+    check_inputs(cfg(pairings["aligned"]), say=lines.append)  # a resumed launch: memoised
+    assert any("ALIGNED" in x and "(memoised" in x for x in lines)
+    with pytest.raises(DataError, match=r"do not pair with the targets row by row: MISALIGNED.*"
+                                        r"set allow_misaligned=true"):
+        check_inputs(cfg(pairings["shift"]))
+    lines.clear()
+    got = check_inputs(cfg(pairings["shift"], "allow_misaligned=true"), say=lines.append)
+    assert got.misalignment_allowed["by"] == "allow_misaligned=true"
+    assert got.misalignment_allowed["aligned"] is False and got.misalignment_allowed["shifted"]["1"] > 0.5
+    assert any("ALLOWED by allow_misaligned=true" in x for x in lines)
+    assert not (tmp_path / "work" / "runs").exists()

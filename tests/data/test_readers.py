@@ -1,0 +1,115 @@
+"""Caption files are untrusted: regular files only (a FIFO is refused, never waited on),
+gzip read as a stream and refused in one line when damaged, shards kept inside their
+directory and in an unambiguous name order."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+
+import pytest
+
+from aleph.data import load_captions, open_captions, readers
+from aleph.errors import DataError
+
+CAPS = ["a red dog", "unicode: café ☕", "", "last"]
+
+
+def test_gzip_text_and_jsonl_read_as_they_are(tmp_path):
+    t = tmp_path / "c.txt.gz"
+    t.write_bytes(gzip.compress(("\n".join(CAPS) + "\n").encode()))
+    assert load_captions(t) == CAPS
+    assert open_captions(t).count_rows() == 4
+    assert open_captions(t).sha256() == open_captions(_plain(tmp_path, CAPS)).sha256()
+    j = tmp_path / "c.jsonl.gz"
+    j.write_bytes(gzip.compress("".join(f'{{"caption_llava": "{c}"}}\n'
+                                        for c in ("x", "y")).encode()))
+    assert load_captions(j, column="caption_llava") == ["x", "y"]
+    (tmp_path / "c.gz").write_bytes(gzip.compress(b"x\n"))
+    with pytest.raises(DataError, match=r"c\.gz: unsupported type.*\.txt\.gz or \.jsonl\.gz"):
+        open_captions(tmp_path / "c.gz")
+
+
+def _plain(tmp_path, caps):
+    p = tmp_path / "plain.txt"
+    p.write_text("\n".join(caps) + "\n", encoding="utf-8")
+    return p
+
+
+def test_damaged_gzip_is_one_line_naming_the_file(tmp_path):
+    data = gzip.compress("".join(f"caption number {i}\n" for i in range(5000)).encode())
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match=r"cut\.txt\.gz: damaged or unreadable gzip file "
+                                        r"\(truncated gzip stream\)"):
+        open_captions(cut).count_rows()
+    junk = tmp_path / "junk.jsonl.gz"
+    junk.write_bytes(b"not gzip at all\n")
+    with pytest.raises(DataError, match=r"junk\.jsonl\.gz: damaged or unreadable gzip file"):
+        load_captions(junk)
+
+
+def test_a_line_without_end_is_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 1000)
+    p = tmp_path / "one.jsonl.gz"
+    p.write_bytes(gzip.compress(b'{"caption": "' + b"a" * 5000 + b'"}\n'))
+    with pytest.raises(DataError, match=r"one\.jsonl\.gz:1: line longer than 1,000 bytes"):
+        load_captions(p)
+
+
+def test_fifo_source_is_refused_not_waited_on(tmp_path):
+    """A FIFO as caption file, as .gz and as a shard: one line, exit 2, within seconds
+    (nobody ever writes to it, so any open without O_NONBLOCK would block forever)."""
+    d = tmp_path / "shards"
+    d.mkdir()
+    (d / "a-000.jsonl").write_text('{"caption": "x"}\n')
+    for fifo in (tmp_path / "c.jsonl", tmp_path / "c.txt.gz", d / "a-001.jsonl.gz"):
+        os.mkfifo(fifo)
+    for src in (tmp_path / "c.jsonl", tmp_path / "c.txt.gz", d):
+        with pytest.raises(DataError, match=r"is a FIFO; expected a regular file"):
+            open_captions(src).count_rows()
+    code = ("import sys\nfrom aleph.cli import main\n"
+            "sys.exit(main(['data', 'captions', sys.argv[1], '--fields', 'caption', "
+            "'--out', sys.argv[2]]))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.jsonl"),
+                        str(tmp_path / "o.parquet")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "c.jsonl is a FIFO; expected a regular file" in r.stderr
+
+
+def test_fd_check_catches_what_stat_let_through(tmp_path, monkeypatch):
+    # the path is swapped for a FIFO between the stat and the open: fstat refuses it
+    fifo = tmp_path / "swapped.jsonl"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(readers, "check_regular", lambda path, what="": None)
+    with pytest.raises(DataError, match="swapped.jsonl is a FIFO"):
+        readers.open_regular(fifo)
+
+
+def test_shards_stay_inside_and_in_unambiguous_order(tmp_path):
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text('{"caption": "secret"}\n')
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "s-00.jsonl").write_text('{"caption": "a"}\n')
+    (d / "s-01.jsonl").symlink_to(outside)
+    with pytest.raises(DataError, match=r"s-01\.jsonl is a symlink leading outside"):
+        open_captions(d)
+    (d / "s-01.jsonl").unlink()
+    (d / "real-01.jsonl").write_text('{"caption": "b"}\n')
+    (d / "s-01.jsonl").symlink_to("real-01.jsonl")  # inside the directory: followed
+    assert [str(p.name) for p in readers.shard_files(d)] == ["real-01.jsonl", "s-00.jsonl",
+                                                              "s-01.jsonl"]
+    e = tmp_path / "e"
+    e.mkdir()
+    for n in ("s-2.jsonl", "s-10.jsonl"):
+        (e / n).write_text('{"caption": "a"}\n')
+    with pytest.raises(DataError, match=r"sort differently by name \(s-10\.jsonl first\)"):
+        open_captions(e)
+    f = tmp_path / "f"
+    f.mkdir()
+    (f / "s-0.jsonl").mkdir()
+    with pytest.raises(DataError, match=r"s-0\.jsonl is a directory; expected a regular file"):
+        open_captions(f)
