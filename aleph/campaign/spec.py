@@ -68,7 +68,7 @@ def _is_secret(item: str) -> bool:
 
 def split_secrets(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
     """(`--set` items without the secret fields, {secret field: its value})."""
-    from aleph.train.config import parse_override
+    from aleph.train.config_text import parse_override
 
     public, secrets = [], {}
     for item in overrides:
