@@ -1,0 +1,434 @@
+#!/usr/bin/env python3
+"""Build the CPU image twice from independent buildah stores; equal manifest digests or exit 1.
+
+Run on a build host as root (not in the image), with the system python3 (standard library
+only) and Debian's buildah, skopeo and diffoscope (diffoscope-minimal):
+    python3 docker/repro_check.py --base REF --wheels REF [--sbom DIR] [--work DIR --keep]
+REF is any containers-image reference, e.g. `docker-daemon:aleph-ci-base:bookworm-...` (the
+container tier's locally made Debian base) and `docker-daemon:aleph-wheels:...` (its image of
+the wheels of lockfiles/host.txt). Both are copied once into an OCI directory, so the two
+builds start from the same bytes even if a tag moves meanwhile. Then each build gets its own
+storage root, run root and TMPDIR (buildah keeps `RUN --mount=type=cache` directories there),
+builds docker/Dockerfile.cpu with `buildah bud --pull=never --isolation chroot --timestamp
+SOURCE_DATE_EPOCH --identity-label=false` (the date is the Dockerfile's own ARG), and pushes
+to an OCI directory with uncompressed layers. Nothing is pulled from a registry.
+
+Exit 0: the two manifest digests are equal (both printed); with --sbom, syft writes an SPDX
+SBOM from the OCI layout, named by that digest. Exit 1: they differ; the first differing
+paths of the first differing layer are printed, then diffoscope's report on those layers.
+Exit 2: bad usage or a missing tool, one line. --keep leaves the stores in --work, so a later
+run with the same --work reuses each store's own cached layers (the sabotage test does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILE = REPO / "docker" / "Dockerfile.cpu"
+SBOM_LOCK = REPO / "lockfiles" / "sbom.txt"
+IMAGE = "localhost/aleph-repro-cpu:build"
+BASE_NAME, WHEELS_NAME = "localhost/aleph-repro-base:input", "localhost/aleph-repro-wheels:input"
+MAX_JSON = 1 << 20  # manifests and configs are a few KiB; never read more than this
+FIRST_PATHS = 20  # differing paths printed per layer
+DIFFOSCOPE_LINES = 80
+
+
+class GateError(Exception):
+    """A problem before any comparison (usage, tool, build): one line, exit 2."""
+
+
+def run(args: list[str], log: Path | None = None, env: dict | None = None,
+        timeout: int = 3600) -> str:
+    """Run a command, its output appended to `log` (or returned); fail with its tail."""
+    if log is None:
+        p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+        out = p.stdout + p.stderr
+    else:
+        with open(log, "ab") as f:
+            p = subprocess.run(args, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+        out = log.read_text(errors="replace")[-3000:] if p.returncode else ""
+    if p.returncode != 0:
+        where = f" (log {log})" if log else ""
+        raise GateError(f"{' '.join(args[:2])} exited {p.returncode}{where}:\n{out[-3000:]}")
+    return out
+
+
+def source_date_epoch(dockerfile: Path = DOCKERFILE) -> int:
+    """The Dockerfile's own `ARG SOURCE_DATE_EPOCH=N`: one date for layers and .pyc files."""
+    found = re.findall(r"^ARG SOURCE_DATE_EPOCH=(\d+)$", dockerfile.read_text(), re.M)
+    if len(found) != 1:
+        raise GateError(f"{dockerfile}: expected one 'ARG SOURCE_DATE_EPOCH=<seconds>' line, "
+                        f"found {len(found)}")
+    return int(found[0])
+
+
+def read_json(path: Path):
+    """A manifest, index or config blob: regular file, bounded read."""
+    if not path.is_file() or path.stat().st_size > MAX_JSON:
+        raise GateError(f"{path}: expected a JSON file under {MAX_JSON} bytes")
+    return json.loads(path.read_bytes())
+
+
+def blob(oci: Path, digest: str) -> Path:
+    algo, _, hexd = digest.partition(":")
+    if algo != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", hexd):
+        raise GateError(f"{oci}: unexpected digest {digest!r} (expected sha256:<64 hex>)")
+    return oci / "blobs" / "sha256" / hexd
+
+
+def manifest_digest(oci: Path) -> str:
+    """The one manifest of an OCI layout, by its index.json."""
+    manifests = read_json(oci / "index.json").get("manifests", [])
+    if len(manifests) != 1:
+        raise GateError(f"{oci}/index.json: expected one manifest, found {len(manifests)}")
+    return manifests[0]["digest"]
+
+
+def members(layer: Path) -> dict[str, tuple]:
+    """Path -> (type, mode, uid, gid, mtime, link, sha256 of content) of one layer tar."""
+    out = {}
+    with tarfile.open(layer, "r:*") as tar:
+        for m in tar:
+            digest = ""
+            if m.isfile():
+                h = hashlib.sha256()
+                f = tar.extractfile(m)
+                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                    h.update(chunk)
+                digest = h.hexdigest()[:16]
+            out[m.name] = (m.type.decode(errors="replace"), oct(m.mode), m.uid, m.gid,
+                           int(m.mtime), m.linkname, digest)
+    return out
+
+
+FIELDS = ("type", "mode", "uid", "gid", "mtime", "link", "sha256")
+
+
+def differing_paths(layer_a: Path, layer_b: Path) -> list[str]:
+    """One line per path that is only in one layer or differs, sorted, field by field."""
+    a, b = members(layer_a), members(layer_b)
+    lines = []
+    for path in sorted(a.keys() | b.keys()):
+        if path not in b:
+            lines.append(f"only in a: {path}")
+        elif path not in a:
+            lines.append(f"only in b: {path}")
+        elif a[path] != b[path]:
+            what = [f"{n} {x} != {y}" for n, x, y in zip(FIELDS, a[path], b[path], strict=True) if x != y]
+            lines.append(f"differs: {path} ({'; '.join(what)})")
+    return lines
+
+
+def explain(oci_a: Path, oci_b: Path, diffoscope: str | None) -> list[str]:
+    """Why two layouts differ: config keys, then the first differing layer's paths."""
+    ma = read_json(blob(oci_a, manifest_digest(oci_a)))
+    mb = read_json(blob(oci_b, manifest_digest(oci_b)))
+    lines = []
+    ca, cb = read_json(blob(oci_a, ma["config"]["digest"])), read_json(blob(oci_b, mb["config"]["digest"]))
+    for key in sorted(ca.keys() | cb.keys()):
+        if key != "rootfs" and ca.get(key) != cb.get(key):
+            lines.append(f"config {key}: {json.dumps(ca.get(key))[:300]} != "
+                         f"{json.dumps(cb.get(key))[:300]}")
+    la, lb = ma["layers"], mb["layers"]
+    if len(la) != len(lb):
+        lines.append(f"layer count: {len(la)} != {len(lb)}")
+    for i, (x, y) in enumerate(zip(la, lb, strict=False)):
+        if x["digest"] == y["digest"]:
+            continue
+        pa, pb = blob(oci_a, x["digest"]), blob(oci_b, y["digest"])
+        paths = differing_paths(pa, pb)
+        lines.append(f"layer {i + 1} of {len(la)}: {x['digest']} != {y['digest']}; "
+                     f"{len(paths)} differing paths, the first {min(len(paths), FIRST_PATHS)}:")
+        lines += [f"  {p}" for p in paths[:FIRST_PATHS]]
+        if diffoscope:
+            lines += run_diffoscope(diffoscope, pa, pb)
+        break  # later layers build on this one; its difference is the first cause
+    return lines
+
+
+def run_diffoscope(exe: str, a: Path, b: Path) -> list[str]:
+    """diffoscope's text report on two layer tars, its first DIFFOSCOPE_LINES lines."""
+    try:
+        p = subprocess.run([exe, "--text", "-", "--no-progress", "--exclude-directory-metadata",
+                            "no", str(a), str(b)], capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return ["diffoscope: no report within 900 s (the paths above name the differences)"]
+    report = p.stdout.splitlines()
+    head = report[:DIFFOSCOPE_LINES]
+    more = [f"diffoscope: ... {len(report) - len(head)} more lines"] if len(report) > len(head) else []
+    return ["diffoscope:"] + [f"  {ln}" for ln in head] + more
+
+
+@dataclass
+class Build:
+    """One independent build: its own storage root, run root, TMPDIR, log and OCI output."""
+
+    dir: Path
+
+    @property
+    def storage(self) -> list[str]:
+        return ["--root", str(self.dir / "root"), "--runroot", str(self.dir / "run"),
+                "--storage-driver", "overlay"]
+
+    def ref(self, name: str) -> str:
+        return f"containers-storage:[overlay@{self.dir / 'root'}+{self.dir / 'run'}]{name}"
+
+    @property
+    def oci(self) -> Path:
+        return self.dir / "oci"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "build.log"
+
+
+def has_image(b: Build, name: str) -> bool:
+    p = subprocess.run(["buildah", *b.storage, "inspect", "--type", "image", name],
+                       capture_output=True, timeout=300)
+    return p.returncode == 0
+
+
+def build_once(b: Build, inputs: Path, args: argparse.Namespace, sde: int) -> str:
+    """Seed the store with the inputs (once), build, push uncompressed; the manifest digest."""
+    (b.dir / "tmp").mkdir(parents=True, exist_ok=True)
+    for tag, name in (("base", BASE_NAME), ("wheels", WHEELS_NAME)):
+        if not has_image(b, name):
+            run(["skopeo", "copy", "--quiet", f"oci:{inputs}:{tag}", b.ref(name)], log=b.log)
+    cmd = ["buildah", *b.storage, "bud", "--layers", "--pull=never", "--isolation", "chroot",
+           "--timestamp", str(sde), "--identity-label=false", "-f", str(args.dockerfile),
+           "--build-arg", f"ALEPH_CPU_BASE_IMAGE={BASE_NAME}",
+           "--build-arg", f"ALEPH_WHEELS_IMAGE={WHEELS_NAME}",
+           "--build-arg", f"ALEPH_REVISION={args.revision}"]
+    for extra in args.build_arg:
+        cmd += ["--build-arg", extra]
+    env = {**os.environ, "TMPDIR": str(b.dir / "tmp")}
+    run([*cmd, "-t", IMAGE, str(args.context)], log=b.log, env=env)
+    shutil.rmtree(b.oci, ignore_errors=True)  # only ever our own output dir
+    digestfile = b.dir / "digest"
+    run(["buildah", *b.storage, "push", "--quiet", "--disable-compression", "--digestfile",
+         str(digestfile), IMAGE, f"oci:{b.oci}:aleph-e1-cpu"], log=b.log)
+    digest = digestfile.read_text().strip()
+    if digest != manifest_digest(b.oci):
+        raise GateError(f"{b.oci}: index.json names {manifest_digest(b.oci)}, buildah wrote {digest}")
+    return digest
+
+
+def stage_inputs(work: Path, base: str, wheels: str) -> Path:
+    """Copy base and wheels once into one OCI layout both builds read; print their digests.
+    A layout kept by an earlier run in the same --work is reused as it is."""
+    inputs = work / "inputs"
+
+    def tags() -> dict[str, str]:
+        return {m.get("annotations", {}).get("org.opencontainers.image.ref.name"): m["digest"]
+                for m in read_json(inputs / "index.json")["manifests"]}
+
+    if not ((inputs / "index.json").is_file() and {"base", "wheels"} <= tags().keys()):
+        for tag, ref in (("base", base), ("wheels", wheels)):
+            run(["skopeo", "copy", "--quiet", ref, f"oci:{inputs}:{tag}"])
+    for tag, digest in sorted(tags().items()):
+        print(f"repro-check: input {tag}: {digest}", flush=True)
+    return inputs
+
+
+def ensure_syft(venv: Path) -> Path:
+    """syft from lockfiles/sbom.txt in its own venv (keyed on the lock), hash-checked."""
+    key = hashlib.sha256(SBOM_LOCK.read_bytes()).hexdigest()
+    exe, stamp = venv / "bin" / "syft", venv / ".sbom-lock.sha256"
+    if exe.is_file() and stamp.is_file() and stamp.read_text() == key:
+        return exe
+    if venv.exists() and not (venv / "pyvenv.cfg").is_file():
+        raise GateError(f"{venv}: exists and is not a venv; name another --sbom-venv")
+    shutil.rmtree(venv, ignore_errors=True)
+    run([sys.executable, "-m", "venv", str(venv)])
+    run([str(venv / "bin" / "python"), "-m", "pip", "--isolated", "--disable-pip-version-check",
+         "install", "-q", "--require-hashes", "--no-deps", "--only-binary", ":all:",
+         "-r", str(SBOM_LOCK)], env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+    stamp.write_text(key)
+    return exe
+
+
+def write_sbom(syft: Path, oci: Path, digest: str, out_dir: Path) -> Path:
+    """SPDX JSON of the OCI layout, written atomically as sbom-sha256-<hex>.spdx.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / f"sbom-{digest.replace(':', '-')}.spdx.json"
+    tmp = out_dir / f".{final.name}.tmp"
+    env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"}
+    run([str(syft), "scan", "--quiet", f"oci-dir:{oci}", "-o", f"spdx-json={tmp}"], env=env)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    return final
+
+
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.M)
+# pip freeze (and so pip_freeze.txt and `aleph env check`) never lists these: the venv's own
+# installer, not part of a lock unless a lock pins it (as aleph/env/pins.py).
+INSTALLERS = frozenset({"pip", "setuptools", "wheel", "distribute"})
+MAX_SBOM = 256 << 20
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def dockerfile_locks(dockerfile: Path) -> list[Path]:
+    """The lock files a Dockerfile's pip steps install (`-r lockfiles/NAME.txt`), in order."""
+    return [REPO / rel for rel in re.findall(r"-r (lockfiles/[\w.-]+\.txt)", dockerfile.read_text())]
+
+
+def lock_pins(locks: list[Path]) -> dict[str, str]:
+    """name -> version of every `name==version` line of the locks (names normalised)."""
+    pins: dict[str, str] = {}
+    for lock in locks:
+        for name, version in PIN.findall(lock.read_text()):
+            pins[norm(name)] = version
+    return pins
+
+
+def sbom_python_packages(spdx: Path) -> dict[str, set[str]]:
+    """name -> versions of the SPDX document's `pkg:pypi/` packages (by their purl)."""
+    if not spdx.is_file() or spdx.stat().st_size > MAX_SBOM:
+        raise GateError(f"{spdx}: expected an SPDX JSON file under {MAX_SBOM} bytes")
+    found: dict[str, set[str]] = {}
+    for pkg in json.loads(spdx.read_bytes()).get("packages", []):
+        for ref in pkg.get("externalRefs", []):
+            m = re.fullmatch(r"pkg:pypi/([^@?#]+)@([^?#]+)(?:[?#].*)?", ref.get("referenceLocator", ""))
+            if ref.get("referenceType") == "purl" and m:
+                found.setdefault(norm(unquote(m.group(1))), set()).add(unquote(m.group(2)))
+    return found
+
+
+def sbom_vs_pins(found: dict[str, set[str]], pins: dict[str, str]) -> list[str]:
+    """What keeps the SBOM's Python packages from being exactly the pins (installers aside)."""
+    problems = []
+    for name in sorted(found.keys() | pins.keys()):
+        have, want = found.get(name, set()), pins.get(name)
+        if want is None and name in INSTALLERS:
+            continue
+        if want is None:
+            problems.append(f"in the SBOM, not pinned: {name} {', '.join(sorted(have))}")
+        elif have != {want}:
+            problems.append(f"{name}: pinned {want}, SBOM has {', '.join(sorted(have)) or 'nothing'}")
+    return problems
+
+
+def revision() -> str:
+    p = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                       text=True, timeout=60) if shutil.which("git") else None
+    if p is None or p.returncode != 0:
+        raise GateError("no git revision here: pass --revision")
+    return p.stdout.strip()
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="repro_check.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the Debian base image (containers-image ref)")
+    ap.add_argument("--wheels", required=True, help="the image of lockfiles/host.txt's wheels")
+    ap.add_argument("--revision", help="ALEPH_REVISION (default: git rev-parse HEAD)")
+    ap.add_argument("--build-arg", action="append", default=[], metavar="K=V",
+                    help="passed to both builds (ALEPH_REPRO_SABOTAGE=1: the sabotage control)")
+    ap.add_argument("--work", type=Path, help="where the stores live (default: a new temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the stores and OCI layouts")
+    ap.add_argument("--sbom", type=Path, metavar="DIR", help="write the SPDX SBOM here")
+    ap.add_argument("--sbom-venv", type=Path, default=REPO / "work" / "sbom-venv")
+    ap.add_argument("--dockerfile", type=Path, default=DOCKERFILE)
+    ap.add_argument("--context", type=Path, default=REPO)
+    args = ap.parse_args(argv)
+    args.revision = args.revision or revision()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse(argv)
+        for tool in ("buildah", "skopeo"):
+            if shutil.which(tool) is None:
+                raise GateError(f"{tool} not found: apt-get install buildah skopeo diffoscope-minimal")
+        sde = source_date_epoch(args.dockerfile)
+        made = args.work is None
+        work = args.work or Path(tempfile.mkdtemp(prefix="aleph-repro-", dir="/var/tmp"))
+        work.mkdir(parents=True, exist_ok=True)
+        inputs = stage_inputs(work, args.base, args.wheels)
+        builds = [Build(work / "a"), Build(work / "b")]
+        for b in builds:
+            b.dir.mkdir(exist_ok=True)
+            b.log.write_bytes(b"")
+        digests, errors = {}, []
+
+        def one(b: Build) -> None:
+            try:
+                digests[b.dir.name] = build_once(b, inputs, args, sde)
+            except (GateError, subprocess.TimeoutExpired) as e:
+                errors.append(f"build {b.dir.name}: {e}")
+
+        # Both at once: same inputs, separate stores, interleaved timing on the same cores.
+        threads = [threading.Thread(target=one, args=(b,)) for b in builds]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise GateError("\n".join(errors))
+        print(f"repro-check: build a manifest {digests['a']}", flush=True)
+        print(f"repro-check: build b manifest {digests['b']}", flush=True)
+        if digests["a"] != digests["b"]:
+            print("repro-check: DIFFERENT: the two builds are not the same image", flush=True)
+            for line in explain(builds[0].oci, builds[1].oci, shutil.which("diffoscope")):
+                print(line, flush=True)
+            return 1
+        print(f"repro-check: equal: {digests['a']}", flush=True)
+        if args.sbom:
+            path = write_sbom(ensure_syft(args.sbom_venv), builds[0].oci, digests["a"], args.sbom)
+            print(f"repro-check: SBOM {path}", flush=True)
+            locks = dockerfile_locks(args.dockerfile)
+            found, pins = sbom_python_packages(path), lock_pins(locks)
+            problems = sbom_vs_pins(found, pins)
+            for line in problems:
+                print(f"repro-check: SBOM: {line}", flush=True)
+            if problems:
+                return 1
+            extra = ", ".join(sorted(f"{n} {v}" for n, vs in found.items() if n not in pins
+                                     for v in vs))
+            names = ", ".join(str(p.relative_to(REPO)) for p in locks)
+            print(f"repro-check: SBOM: its Python packages are the {len(pins)} pins of {names}"
+                  + (f" (and the venv's own installer, which pip freeze omits: {extra})"
+                     if extra else ""), flush=True)
+        return 0
+    except GateError as e:
+        print(f"repro-check: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if "work" in locals() and not args.keep:
+            cleanup(work, made)
+
+
+def cleanup(work: Path, made: bool) -> None:
+    """Remove what this run wrote: both stores (buildah first, for its overlay mounts), the
+    OCI layouts and inputs; the work dir itself only if this run created it."""
+    for name in ("a", "b"):
+        b = Build(work / name)
+        if (b.dir / "root").exists():
+            for sub in (["rm", "--all"], ["rmi", "--all", "--force"]):
+                subprocess.run(["buildah", *b.storage, *sub], capture_output=True, timeout=600)
+        shutil.rmtree(b.dir, ignore_errors=True)
+    shutil.rmtree(work / "inputs", ignore_errors=True)
+    if made:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
