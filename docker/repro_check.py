@@ -267,7 +267,8 @@ def write_sbom(syft: Path, oci: Path, digest: str, out_dir: Path) -> Path:
     final = out_dir / f"sbom-{digest.replace(':', '-')}.spdx.json"
     tmp = out_dir / f".{final.name}.tmp"
     env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"}
-    run([str(syft), "scan", "--quiet", f"oci-dir:{oci}", "-o", f"spdx-json={tmp}"], env=env)
+    run([str(syft), "scan", "--quiet", "--source-name", "aleph-e1-cpu", f"oci-dir:{oci}",
+         "-o", f"spdx-json={tmp}"], env=env)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, final)
@@ -299,12 +300,23 @@ def lock_pins(locks: list[Path]) -> dict[str, str]:
     return pins
 
 
-def sbom_python_packages(spdx: Path) -> dict[str, set[str]]:
-    """name -> versions of the SPDX document's `pkg:pypi/` packages (by their purl)."""
+def read_sbom(spdx: Path) -> dict:
     if not spdx.is_file() or spdx.stat().st_size > MAX_SBOM:
         raise GateError(f"{spdx}: expected an SPDX JSON file under {MAX_SBOM} bytes")
+    return json.loads(spdx.read_bytes())
+
+
+def sbom_image_digests(doc: dict) -> list[str]:
+    """The SHA256 checksums of the document's CONTAINER package(s): the manifest it describes."""
+    return [f"sha256:{c['checksumValue']}" for pkg in doc.get("packages", [])
+            if pkg.get("primaryPackagePurpose") == "CONTAINER"
+            for c in pkg.get("checksums", []) if c.get("algorithm") == "SHA256"]
+
+
+def sbom_python_packages(doc: dict) -> dict[str, set[str]]:
+    """name -> versions of the SPDX document's `pkg:pypi/` packages (by their purl)."""
     found: dict[str, set[str]] = {}
-    for pkg in json.loads(spdx.read_bytes()).get("packages", []):
+    for pkg in doc.get("packages", []):
         for ref in pkg.get("externalRefs", []):
             m = re.fullmatch(r"pkg:pypi/([^@?#]+)@([^?#]+)(?:[?#].*)?", ref.get("referenceLocator", ""))
             if ref.get("referenceType") == "purl" and m:
@@ -394,9 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.sbom:
             path = write_sbom(ensure_syft(args.sbom_venv), builds[0].oci, digests["a"], args.sbom)
             print(f"repro-check: SBOM {path}", flush=True)
-            locks = dockerfile_locks(args.dockerfile)
-            found, pins = sbom_python_packages(path), lock_pins(locks)
+            locks, doc = dockerfile_locks(args.dockerfile), read_sbom(path)
+            found, pins = sbom_python_packages(doc), lock_pins(locks)
             problems = sbom_vs_pins(found, pins)
+            if sbom_image_digests(doc) != [digests["a"]]:
+                problems.append(f"describes {sbom_image_digests(doc)}, not {digests['a']}")
             for line in problems:
                 print(f"repro-check: SBOM: {line}", flush=True)
             if problems:

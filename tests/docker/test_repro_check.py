@@ -121,19 +121,19 @@ def test_a_digest_that_is_not_sha256_hex_is_refused(rc, tmp_path):
         rc.manifest_digest(tmp_path)
 
 
-def test_source_date_epoch_is_the_dockerfiles_one_date(rc, tmp_path):
-    sde = rc.source_date_epoch()
+def test_source_date_epoch_is_the_dockerfiles_one_date(rc, repo_file, tmp_path):
+    sde = rc.source_date_epoch(repo_file("docker/Dockerfile.cpu"))
     assert sde == 1786060800  # 2026-08-07T00:00:00Z, the GPU Dockerfile's capture date
-    assert f"ARG SOURCE_DATE_EPOCH={sde}" in (REPO / "Dockerfile").read_text()
+    assert f"ARG SOURCE_DATE_EPOCH={sde}" in repo_file("Dockerfile").read_text()
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM x\n")
     with pytest.raises(rc.GateError, match="found 0"):
         rc.source_date_epoch(bad)
 
 
-def test_the_locks_each_dockerfile_installs(rc):
-    cpu = rc.dockerfile_locks(REPO / "docker" / "Dockerfile.cpu")
-    gpu = rc.dockerfile_locks(REPO / "Dockerfile")
+def test_the_locks_each_dockerfile_installs(rc, repo_file):
+    cpu = rc.dockerfile_locks(repo_file("docker/Dockerfile.cpu"))
+    gpu = rc.dockerfile_locks(repo_file("Dockerfile"))
     assert [p.name for p in cpu] == ["host.txt"]
     assert [p.name for p in gpu] == ["image.txt", "image-cu124.txt"]
     # The GPU image's SBOM is held to the seed's freeze: its 179 packages, exactly.
@@ -142,19 +142,30 @@ def test_the_locks_each_dockerfile_installs(rc):
     assert rc.lock_pins(cpu) == parse_pins(REPO / "lockfiles" / "host.txt")
 
 
-def _spdx(path: Path, purls: list[str]) -> Path:
-    pkgs = [{"name": p, "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER",
+def _spdx(purls: list[str], digest: str = "ab" * 32) -> dict:
+    """The shape syft writes: the image as a CONTAINER package checksummed by its manifest."""
+    pkgs = [{"name": "aleph-e1-cpu", "primaryPackagePurpose": "CONTAINER",
+             "versionInfo": f"sha256:{digest}",
+             "checksums": [{"algorithm": "SHA256", "checksumValue": digest}]}]
+    pkgs += [{"name": p, "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER",
                                           "referenceType": "purl", "referenceLocator": p}]}
             for p in purls]
     pkgs.append({"name": "tini", "externalRefs": [{"referenceType": "purl",
                                                    "referenceLocator": "pkg:deb/debian/tini@0.19.0-1"}]})
-    path.write_text(json.dumps({"spdxVersion": "SPDX-2.3", "packages": pkgs}))
-    return path
+    return {"spdxVersion": "SPDX-2.3", "packages": pkgs}
 
 
-def test_sbom_python_packages_against_the_pins(rc, tmp_path):
-    doc = _spdx(tmp_path / "s.json", ["pkg:pypi/PyYAML@6.0.1", "pkg:pypi/typing_extensions@4.12.2",
-                                      "pkg:pypi/pip@23.2.1"])
+def test_sbom_names_its_image_and_refuses_what_is_not_a_file(rc, tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_spdx([], "cd" * 32)))
+    assert rc.sbom_image_digests(rc.read_sbom(path)) == [f"sha256:{'cd' * 32}"]
+    with pytest.raises(rc.GateError, match="expected an SPDX JSON file"):
+        rc.read_sbom(tmp_path)
+
+
+def test_sbom_python_packages_against_the_pins(rc):
+    doc = _spdx(["pkg:pypi/PyYAML@6.0.1", "pkg:pypi/typing_extensions@4.12.2",
+                 "pkg:pypi/pip@23.2.1"])
     found = rc.sbom_python_packages(doc)
     assert found == {"pyyaml": {"6.0.1"}, "typing-extensions": {"4.12.2"}, "pip": {"23.2.1"}}
     pins = {"pyyaml": "6.0.1", "typing-extensions": "4.12.2"}
