@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
@@ -90,12 +89,13 @@ def blob(oci: Path, digest: str) -> Path:
     return oci / "blobs" / "sha256" / hexd
 
 
-def manifest_digest(oci: Path) -> str:
-    """The one manifest of an OCI layout, by its index.json."""
-    manifests = read_json(oci / "index.json").get("manifests", [])
-    if len(manifests) != 1:
-        raise GateError(f"{oci}/index.json: expected one manifest, found {len(manifests)}")
-    return manifests[0]["digest"]
+def manifest_digest(oci: Path, tag: str) -> str:
+    """The manifest digest the layout's index.json names for `tag`."""
+    found = [m["digest"] for m in read_json(oci / "index.json").get("manifests", [])
+             if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag]
+    if len(found) != 1:
+        raise GateError(f"{oci}/index.json: expected one manifest tagged {tag!r}, found {len(found)}")
+    return found[0]
 
 
 def members(layer: Path) -> dict[str, tuple]:
@@ -133,12 +133,11 @@ def differing_paths(layer_a: Path, layer_b: Path) -> list[str]:
     return lines
 
 
-def explain(oci_a: Path, oci_b: Path, diffoscope: str | None) -> list[str]:
-    """Why two layouts differ: config keys, then the first differing layer's paths."""
-    ma = read_json(blob(oci_a, manifest_digest(oci_a)))
-    mb = read_json(blob(oci_b, manifest_digest(oci_b)))
+def explain(oci: Path, digest_a: str, digest_b: str, diffoscope: str | None) -> list[str]:
+    """Why two manifests of a layout differ: config keys, then the first differing layer's paths."""
+    ma, mb = read_json(blob(oci, digest_a)), read_json(blob(oci, digest_b))
     lines = []
-    ca, cb = read_json(blob(oci_a, ma["config"]["digest"])), read_json(blob(oci_b, mb["config"]["digest"]))
+    ca, cb = read_json(blob(oci, ma["config"]["digest"])), read_json(blob(oci, mb["config"]["digest"]))
     for key in sorted(ca.keys() | cb.keys()):
         if key != "rootfs" and ca.get(key) != cb.get(key):
             lines.append(f"config {key}: {json.dumps(ca.get(key))[:300]} != "
@@ -149,7 +148,7 @@ def explain(oci_a: Path, oci_b: Path, diffoscope: str | None) -> list[str]:
     for i, (x, y) in enumerate(zip(la, lb, strict=False)):
         if x["digest"] == y["digest"]:
             continue
-        pa, pb = blob(oci_a, x["digest"]), blob(oci_b, y["digest"])
+        pa, pb = blob(oci, x["digest"]), blob(oci, y["digest"])
         paths = differing_paths(pa, pb)
         lines.append(f"layer {i + 1} of {len(la)}: {x['digest']} != {y['digest']}; "
                      f"{len(paths)} differing paths, the first {min(len(paths), FIRST_PATHS)}:")
@@ -188,10 +187,6 @@ class Build:
         return f"containers-storage:[overlay@{self.dir / 'root'}+{self.dir / 'run'}]{name}"
 
     @property
-    def oci(self) -> Path:
-        return self.dir / "oci"
-
-    @property
     def log(self) -> Path:
         return self.dir / "build.log"
 
@@ -202,13 +197,17 @@ def has_image(b: Build, name: str) -> bool:
     return p.returncode == 0
 
 
-def build_once(b: Build, inputs: Path, args: argparse.Namespace, sde: int) -> str:
-    """Seed the store with the inputs (once), build, push uncompressed; the manifest digest."""
+def build_once(b: Build, inputs: Path, oci: Path, args: argparse.Namespace, sde: int) -> str:
+    """Seed the store with the inputs (once), build, push uncompressed into the shared layout
+    `oci` tagged by the build's name; the manifest digest. The layout stores a blob once per
+    digest: equal layers take the disk once, differing ones are both there to compare."""
     (b.dir / "tmp").mkdir(parents=True, exist_ok=True)
     for tag, name in (("base", BASE_NAME), ("wheels", WHEELS_NAME)):
         if not has_image(b, name):
             run(["skopeo", "copy", "--quiet", f"oci:{inputs}:{tag}", b.ref(name)], log=b.log)
+    # --format docker: buildah honours SHELL (bash -o pipefail) only in that format.
     cmd = ["buildah", *b.storage, "bud", "--layers", "--pull=never", "--isolation", "chroot",
+           "--format", "docker",
            "--timestamp", str(sde), "--identity-label=false", "-f", str(args.dockerfile),
            "--build-arg", f"ALEPH_CPU_BASE_IMAGE={BASE_NAME}",
            "--build-arg", f"ALEPH_WHEELS_IMAGE={WHEELS_NAME}",
@@ -217,13 +216,14 @@ def build_once(b: Build, inputs: Path, args: argparse.Namespace, sde: int) -> st
         cmd += ["--build-arg", extra]
     env = {**os.environ, "TMPDIR": str(b.dir / "tmp")}
     run([*cmd, "-t", IMAGE, str(args.context)], log=b.log, env=env)
-    shutil.rmtree(b.oci, ignore_errors=True)  # only ever our own output dir
     digestfile = b.dir / "digest"
-    run(["buildah", *b.storage, "push", "--quiet", "--disable-compression", "--digestfile",
-         str(digestfile), IMAGE, f"oci:{b.oci}:aleph-e1-cpu"], log=b.log)
+    digestfile.unlink(missing_ok=True)
+    run(["buildah", *b.storage, "push", "--quiet", "--format", "oci", "--disable-compression",
+         "--digestfile", str(digestfile), IMAGE, f"oci:{oci}:{b.dir.name}"], log=b.log)
     digest = digestfile.read_text().strip()
-    if digest != manifest_digest(b.oci):
-        raise GateError(f"{b.oci}: index.json names {manifest_digest(b.oci)}, buildah wrote {digest}")
+    if digest != manifest_digest(oci, b.dir.name):
+        raise GateError(f"{oci}: index.json names {manifest_digest(oci, b.dir.name)} for "
+                        f"{b.dir.name}, buildah wrote {digest}")
     return digest
 
 
@@ -261,14 +261,33 @@ def ensure_syft(venv: Path) -> Path:
     return exe
 
 
+def one_manifest_view(oci: Path, digest: str) -> Path:
+    """A layout holding only `digest` (syft reads one image per layout), its blobs hard links."""
+    view = oci.parent / "sbom-view"
+    shutil.rmtree(view, ignore_errors=True)
+    (view / "blobs" / "sha256").mkdir(parents=True)
+    (entry,) = {m["digest"]: m for m in read_json(oci / "index.json")["manifests"]
+                if m["digest"] == digest}.values()
+    manifest = read_json(blob(oci, digest))
+    for d in (digest, manifest["config"]["digest"], *(x["digest"] for x in manifest["layers"])):
+        os.link(blob(oci, d), blob(view, d))
+    (view / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (view / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [entry]}))
+    return view
+
+
 def write_sbom(syft: Path, oci: Path, digest: str, out_dir: Path) -> Path:
     """SPDX JSON of the OCI layout, written atomically as sbom-sha256-<hex>.spdx.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / f"sbom-{digest.replace(':', '-')}.spdx.json"
     tmp = out_dir / f".{final.name}.tmp"
+    view = one_manifest_view(oci, digest)
     env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"}
-    run([str(syft), "scan", "--quiet", "--source-name", "aleph-e1-cpu", f"oci-dir:{oci}",
-         "-o", f"spdx-json={tmp}"], env=env)
+    try:
+        run([str(syft), "scan", "--quiet", "--source-name", "aleph-e1-cpu", f"oci-dir:{view}",
+             "-o", f"spdx-json={tmp}"], env=env)
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, final)
@@ -379,32 +398,21 @@ def main(argv: list[str] | None = None) -> int:
         for b in builds:
             b.dir.mkdir(exist_ok=True)
             b.log.write_bytes(b"")
-        digests, errors = {}, []
-
-        def one(b: Build) -> None:
-            try:
-                digests[b.dir.name] = build_once(b, inputs, args, sde)
-            except (GateError, subprocess.TimeoutExpired) as e:
-                errors.append(f"build {b.dir.name}: {e}")
-
-        # Both at once: same inputs, separate stores, interleaved timing on the same cores.
-        threads = [threading.Thread(target=one, args=(b,)) for b in builds]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise GateError("\n".join(errors))
+        oci, digests = work / "oci", {}
+        # One after the other: a build's store peaks at about three times the image (its
+        # container, the commit's temp copy, the new layer); two at once would double that.
+        for b in builds:
+            digests[b.dir.name] = build_once(b, inputs, oci, args, sde)
         print(f"repro-check: build a manifest {digests['a']}", flush=True)
         print(f"repro-check: build b manifest {digests['b']}", flush=True)
         if digests["a"] != digests["b"]:
             print("repro-check: DIFFERENT: the two builds are not the same image", flush=True)
-            for line in explain(builds[0].oci, builds[1].oci, shutil.which("diffoscope")):
+            for line in explain(oci, digests["a"], digests["b"], shutil.which("diffoscope")):
                 print(line, flush=True)
             return 1
         print(f"repro-check: equal: {digests['a']}", flush=True)
         if args.sbom:
-            path = write_sbom(ensure_syft(args.sbom_venv), builds[0].oci, digests["a"], args.sbom)
+            path = write_sbom(ensure_syft(args.sbom_venv), oci, digests["a"], args.sbom)
             print(f"repro-check: SBOM {path}", flush=True)
             locks, doc = dockerfile_locks(args.dockerfile), read_sbom(path)
             found, pins = sbom_python_packages(doc), lock_pins(locks)
@@ -439,7 +447,8 @@ def cleanup(work: Path, made: bool) -> None:
             for sub in (["rm", "--all"], ["rmi", "--all", "--force"]):
                 subprocess.run(["buildah", *b.storage, *sub], capture_output=True, timeout=600)
         shutil.rmtree(b.dir, ignore_errors=True)
-    shutil.rmtree(work / "inputs", ignore_errors=True)
+    for name in ("inputs", "oci", "sbom-view"):
+        shutil.rmtree(work / name, ignore_errors=True)
     if made:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -52,8 +52,8 @@ def _put(oci: Path, data: bytes) -> dict:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def _layout(oci: Path, layers: list[bytes], created: str = "2026-08-07T00:00:00Z") -> str:
-    """An OCI image layout with one manifest; returns its manifest digest."""
+def _layout(oci: Path, tag: str, layers: list[bytes], created: str = "2026-08-07T00:00:00Z") -> str:
+    """Adds an image tagged `tag` to an OCI image layout; returns its manifest digest."""
     descs = [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **_put(oci, x)} for x in layers]
     config = {"created": created, "architecture": "amd64", "os": "linux",
               "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in descs]}}
@@ -63,9 +63,11 @@ def _layout(oci: Path, layers: list[bytes], created: str = "2026-08-07T00:00:00Z
                 "config": cfg, "layers": descs}
     man = _put(oci, json.dumps(manifest).encode())
     (oci / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (oci / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": manifest["mediaType"], **man,
-         "annotations": {"org.opencontainers.image.ref.name": "aleph-e1-cpu"}}]}))
+    index = oci / "index.json"
+    entries = json.loads(index.read_text())["manifests"] if index.exists() else []
+    entries.append({"mediaType": manifest["mediaType"], **man,
+                    "annotations": {"org.opencontainers.image.ref.name": tag}})
+    index.write_text(json.dumps({"schemaVersion": 2, "manifests": entries}))
     return man["digest"]
 
 
@@ -75,17 +77,18 @@ CODE = {"opt/aleph/aleph/REVISION": (b"abc\n", 1786060800),
 
 
 def test_same_layers_same_digest_and_nothing_to_explain(rc, tmp_path):
-    a = _layout(tmp_path / "a", [_layer(BASE), _layer(CODE)])
-    b = _layout(tmp_path / "b", [_layer(BASE), _layer(CODE)])
-    assert a == b == rc.manifest_digest(tmp_path / "a")
-    assert rc.explain(tmp_path / "a", tmp_path / "b", None) == []
+    a = _layout(tmp_path, "a", [_layer(BASE), _layer(CODE)])
+    b = _layout(tmp_path, "b", [_layer(BASE), _layer(CODE)])
+    assert a == b == rc.manifest_digest(tmp_path, "a") == rc.manifest_digest(tmp_path, "b")
+    assert rc.explain(tmp_path, a, b, None) == []
+    assert len(list((tmp_path / "blobs" / "sha256").iterdir())) == 4  # each blob stored once
 
 
 def test_a_written_time_is_named_by_path_in_the_first_differing_layer(rc, tmp_path):
     # What the sabotage step does: one more file whose content is the build time.
-    _layout(tmp_path / "a", [_layer(BASE), _layer({**CODE, "opt/aleph/BUILT_AT": (b"t1\n", 5)})])
-    _layout(tmp_path / "b", [_layer(BASE), _layer({**CODE, "opt/aleph/BUILT_AT": (b"t2\n", 5)})])
-    lines = rc.explain(tmp_path / "a", tmp_path / "b", None)
+    a = _layout(tmp_path, "a", [_layer(BASE), _layer({**CODE, "opt/aleph/BUILT_AT": (b"t1\n", 5)})])
+    b = _layout(tmp_path, "b", [_layer(BASE), _layer({**CODE, "opt/aleph/BUILT_AT": (b"t2\n", 5)})])
+    lines = rc.explain(tmp_path, a, b, None)
     assert lines[0].startswith("layer 2 of 2: sha256:") and "1 differing paths" in lines[0]
     (only,) = lines[1:]
     assert only.startswith("  differs: opt/aleph/BUILT_AT (sha256 ")
@@ -94,10 +97,10 @@ def test_a_written_time_is_named_by_path_in_the_first_differing_layer(rc, tmp_pa
 
 def test_mtime_only_and_missing_files_and_config_are_reported(rc, tmp_path):
     late = {**CODE, "opt/aleph/aleph/x.pyc": (b"pyc", 1786060801)}
-    _layout(tmp_path / "a", [_layer(BASE), _layer(CODE)])
-    _layout(tmp_path / "b", [_layer(BASE), _layer({**late, "var/log/dpkg.log": (b"x", 0)})],
-            created="2026-12-01T21:00:00Z")
-    lines = rc.explain(tmp_path / "a", tmp_path / "b", None)
+    a = _layout(tmp_path, "a", [_layer(BASE), _layer(CODE)])
+    b = _layout(tmp_path, "b", [_layer(BASE), _layer({**late, "var/log/dpkg.log": (b"x", 0)})],
+                created="2026-12-01T21:00:00Z")
+    lines = rc.explain(tmp_path, a, b, None)
     assert lines[0] == 'config created: "2026-08-07T00:00:00Z" != "2026-12-01T21:00:00Z"'
     assert "  differs: opt/aleph/aleph/x.pyc (mtime 1786060800 != 1786060801)" in lines
     assert "  only in b: var/log/dpkg.log" in lines
@@ -107,9 +110,9 @@ def test_diffoscope_explains_the_differing_layer(rc, tmp_path):
     exe = shutil.which("diffoscope")
     if exe is None:
         pytest.skip("diffoscope not installed (Debian diffoscope-minimal; the repro tier installs it)")
-    _layout(tmp_path / "a", [_layer({"opt/aleph/BUILT_AT": (b"2026-12-01T21:00:00.1Z\n", 0)})])
-    _layout(tmp_path / "b", [_layer({"opt/aleph/BUILT_AT": (b"2026-12-01T21:00:00.2Z\n", 0)})])
-    report = "\n".join(rc.explain(tmp_path / "a", tmp_path / "b", exe))
+    a = _layout(tmp_path, "a", [_layer({"opt/aleph/BUILT_AT": (b"2026-12-01T21:00:00.1Z\n", 0)})])
+    b = _layout(tmp_path, "b", [_layer({"opt/aleph/BUILT_AT": (b"2026-12-01T21:00:00.2Z\n", 0)})])
+    report = "\n".join(rc.explain(tmp_path, a, b, exe))
     assert "diffoscope:" in report and "BUILT_AT" in report.split("diffoscope:")[1]
     assert "00.1Z" in report and "00.2Z" in report
 
@@ -118,7 +121,21 @@ def test_a_digest_that_is_not_sha256_hex_is_refused(rc, tmp_path):
     with pytest.raises(rc.GateError, match=r"unexpected digest '\.\./x'"):
         rc.blob(tmp_path, "../x")
     with pytest.raises(rc.GateError, match="expected a JSON file"):
-        rc.manifest_digest(tmp_path)
+        rc.manifest_digest(tmp_path, "a")
+    _layout(tmp_path, "a", [_layer(BASE)])
+    with pytest.raises(rc.GateError, match="expected one manifest tagged 'b', found 0"):
+        rc.manifest_digest(tmp_path, "b")
+
+
+def test_the_sbom_view_holds_one_image_by_hard_links(rc, tmp_path):
+    oci = tmp_path / "oci"
+    a = _layout(oci, "a", [_layer(BASE), _layer(CODE)])
+    b = _layout(oci, "b", [_layer(BASE), _layer({"x": (b"y", 0)})])
+    view = rc.one_manifest_view(oci, a)
+    assert [m["digest"] for m in json.loads((view / "index.json").read_text())["manifests"]] == [a]
+    assert rc.manifest_digest(view, "a") == a and len(list((view / "blobs/sha256").iterdir())) == 4
+    assert (view / "blobs/sha256" / a[7:]).stat().st_ino == (oci / "blobs/sha256" / a[7:]).stat().st_ino
+    assert b != a
 
 
 def test_source_date_epoch_is_the_dockerfiles_one_date(rc, repo_file, tmp_path):
