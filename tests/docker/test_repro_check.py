@@ -226,3 +226,18 @@ def test_a_missing_tool_is_one_line_and_exit_2(tmp_path):
     assert p.stderr == ("repro-check: error: buildah not found: "
                         "apt-get install buildah skopeo diffoscope-minimal\n")
     assert not (tmp_path / "w").exists()  # nothing made before the tools are there
+
+
+def test_gpu_dockerfile_is_written_for_reproducible_builds(repo_file):
+    gpu = repo_file("Dockerfile").read_text()
+    assert "SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH}" in gpu  # every stage's RUN steps see it
+    assert gpu.count("PYTHONHASHSEED=0 python3 -m pip install") == 2
+    assert "PYTHONDONTWRITEBYTECODE=1 aleph env check --strict" in gpu
+    # The image stage's apt step leaves no logs, ldconfig aux cache or apt binary caches.
+    image_stage = gpu[gpu.index("FROM base AS image"):]
+    apt = image_stage[image_stage.index("RUN apt-get update"):image_stage.index("COPY --from")]
+    for path in ("/var/log/apt/*", "/var/log/dpkg.log", "/var/log/alternatives.log",
+                 "/var/cache/ldconfig/aux-cache", "/var/cache/apt/*.bin"):
+        assert path in apt, path
+    # NVIDIA's apt source is not snapshotted: removed before any apt step.
+    assert gpu.index("rm -f /etc/apt/sources.list.d/cuda*.list") < gpu.index("apt-get update")
