@@ -11,7 +11,9 @@ builds start from the same bytes even if a tag moves meanwhile. Then each build 
 storage root, run root and TMPDIR (buildah keeps `RUN --mount=type=cache` directories there),
 builds docker/Dockerfile.cpu with `buildah bud --pull=never --isolation chroot --timestamp
 SOURCE_DATE_EPOCH --identity-label=false` (the date is the Dockerfile's own ARG), and pushes
-to an OCI directory with uncompressed layers. Nothing is pulled from a registry.
+into one OCI directory (gzip layers), tagged a and b. Nothing is pulled from a registry.
+Both builds read one snapshot of the build context: the committed tree of --revision
+(`git archive`, default HEAD), so an edit made while they run cannot tell them apart.
 
 Exit 0: the two manifest digests are equal (both printed); with --sbom, syft writes an SPDX
 SBOM from the OCI layout, named by that digest. Exit 1: they differ; the first differing
@@ -198,7 +200,7 @@ def has_image(b: Build, name: str) -> bool:
 
 
 def build_once(b: Build, inputs: Path, oci: Path, args: argparse.Namespace, sde: int) -> str:
-    """Seed the store with the inputs (once), build, push uncompressed into the shared layout
+    """Seed the store with the inputs (once), build, push into the shared layout
     `oci` tagged by the build's name; the manifest digest. The layout stores a blob once per
     digest: equal layers take the disk once, differing ones are both there to compare."""
     (b.dir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -208,7 +210,8 @@ def build_once(b: Build, inputs: Path, oci: Path, args: argparse.Namespace, sde:
     # --format docker: buildah honours SHELL (bash -o pipefail) only in that format.
     cmd = ["buildah", *b.storage, "bud", "--layers", "--pull=never", "--isolation", "chroot",
            "--format", "docker",
-           "--timestamp", str(sde), "--identity-label=false", "-f", str(args.dockerfile),
+           "--timestamp", str(sde), "--identity-label=false",
+           "-f", str(args.dockerfile),
            "--build-arg", f"ALEPH_CPU_BASE_IMAGE={BASE_NAME}",
            "--build-arg", f"ALEPH_WHEELS_IMAGE={WHEELS_NAME}",
            "--build-arg", f"ALEPH_REVISION={args.revision}"]
@@ -218,13 +221,28 @@ def build_once(b: Build, inputs: Path, oci: Path, args: argparse.Namespace, sde:
     run([*cmd, "-t", IMAGE, str(args.context)], log=b.log, env=env)
     digestfile = b.dir / "digest"
     digestfile.unlink(missing_ok=True)
-    run(["buildah", *b.storage, "push", "--quiet", "--format", "oci", "--disable-compression",
-         "--digestfile", str(digestfile), IMAGE, f"oci:{oci}:{b.dir.name}"], log=b.log)
+    run(["buildah", *b.storage, "push", "--quiet", "--format", "oci", "--digestfile",
+         str(digestfile), IMAGE, f"oci:{oci}:{b.dir.name}"], log=b.log)
     digest = digestfile.read_text().strip()
     if digest != manifest_digest(oci, b.dir.name):
         raise GateError(f"{oci}: index.json names {manifest_digest(oci, b.dir.name)} for "
                         f"{b.dir.name}, buildah wrote {digest}")
     return digest
+
+
+def snapshot_context(work: Path, rev: str) -> Path:
+    """The committed tree of `rev` as the build context (git archive; files 0644/0755)."""
+    ctx = work / "context"
+    shutil.rmtree(ctx, ignore_errors=True)
+    ctx.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "-C", str(REPO), "-c", "tar.umask=0022", "archive",
+                                "--format=tar", rev], stdout=subprocess.PIPE)
+    untar = subprocess.run(["tar", "-x", "-C", str(ctx)], stdin=archive.stdout,
+                           capture_output=True, timeout=600)
+    archive.stdout.close()
+    if archive.wait(timeout=600) != 0 or untar.returncode != 0:
+        raise GateError(f"git archive {rev} | tar -x failed: {untar.stderr.decode()[-500:]}")
+    return ctx
 
 
 def stage_inputs(work: Path, base: str, wheels: str) -> Path:
@@ -305,9 +323,9 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def dockerfile_locks(dockerfile: Path) -> list[Path]:
+def dockerfile_locks(dockerfile: Path, root: Path = REPO) -> list[Path]:
     """The lock files a Dockerfile's pip steps install (`-r lockfiles/NAME.txt`), in order."""
-    return [REPO / rel for rel in re.findall(r"-r (lockfiles/[\w.-]+\.txt)", dockerfile.read_text())]
+    return [root / rel for rel in re.findall(r"-r (lockfiles/[\w.-]+\.txt)", dockerfile.read_text())]
 
 
 def lock_pins(locks: list[Path]) -> dict[str, str]:
@@ -377,7 +395,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sbom", type=Path, metavar="DIR", help="write the SPDX SBOM here")
     ap.add_argument("--sbom-venv", type=Path, default=REPO / "work" / "sbom-venv")
     ap.add_argument("--dockerfile", type=Path, default=DOCKERFILE)
-    ap.add_argument("--context", type=Path, default=REPO)
+    ap.add_argument("--context", type=Path,
+                    help="build from this directory as it is (default: git archive --revision)")
     args = ap.parse_args(argv)
     args.revision = args.revision or revision()
     return args
@@ -389,11 +408,15 @@ def main(argv: list[str] | None = None) -> int:
         for tool in ("buildah", "skopeo"):
             if shutil.which(tool) is None:
                 raise GateError(f"{tool} not found: apt-get install buildah skopeo diffoscope-minimal")
-        sde = source_date_epoch(args.dockerfile)
         made = args.work is None
         work = args.work or Path(tempfile.mkdtemp(prefix="aleph-repro-", dir="/var/tmp"))
         work.mkdir(parents=True, exist_ok=True)
         inputs = stage_inputs(work, args.base, args.wheels)
+        if args.context is None:  # the snapshot's own Dockerfile, locks and code
+            args.context = snapshot_context(work, args.revision)
+            if args.dockerfile.is_relative_to(REPO):
+                args.dockerfile = args.context / args.dockerfile.relative_to(REPO)
+        sde = source_date_epoch(args.dockerfile)
         builds = [Build(work / "a"), Build(work / "b")]
         for b in builds:
             b.dir.mkdir(exist_ok=True)
@@ -414,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sbom:
             path = write_sbom(ensure_syft(args.sbom_venv), oci, digests["a"], args.sbom)
             print(f"repro-check: SBOM {path}", flush=True)
-            locks, doc = dockerfile_locks(args.dockerfile), read_sbom(path)
+            locks, doc = dockerfile_locks(args.dockerfile, args.context), read_sbom(path)
             found, pins = sbom_python_packages(doc), lock_pins(locks)
             problems = sbom_vs_pins(found, pins)
             if sbom_image_digests(doc) != [digests["a"]]:
@@ -425,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             extra = ", ".join(sorted(f"{n} {v}" for n, vs in found.items() if n not in pins
                                      for v in vs))
-            names = ", ".join(str(p.relative_to(REPO)) for p in locks)
+            names = ", ".join(str(p.relative_to(args.context)) for p in locks)
             print(f"repro-check: SBOM: its Python packages are the {len(pins)} pins of {names}"
                   + (f" (and the venv's own installer, which pip freeze omits: {extra})"
                      if extra else ""), flush=True)
@@ -447,7 +470,7 @@ def cleanup(work: Path, made: bool) -> None:
             for sub in (["rm", "--all"], ["rmi", "--all", "--force"]):
                 subprocess.run(["buildah", *b.storage, *sub], capture_output=True, timeout=600)
         shutil.rmtree(b.dir, ignore_errors=True)
-    for name in ("inputs", "oci", "sbom-view"):
+    for name in ("inputs", "oci", "sbom-view", "context"):
         shutil.rmtree(work / name, ignore_errors=True)
     if made:
         shutil.rmtree(work, ignore_errors=True)
