@@ -207,9 +207,12 @@ def build_once(b: Build, inputs: Path, oci: Path, args: argparse.Namespace, sde:
     for tag, name in (("base", BASE_NAME), ("wheels", WHEELS_NAME)):
         if not has_image(b, name):
             run(["skopeo", "copy", "--quiet", f"oci:{inputs}:{tag}", b.ref(name)], log=b.log)
-    # --format docker: buildah honours SHELL (bash -o pipefail) only in that format.
+    # --format oci: with --layers each history entry names its parent step's image id, and a
+    # docker-format id hashes the random build container's id in (seen: every layer equal,
+    # the manifests not). OCI ids are content digests. buildah then ignores SHELL and runs
+    # RUN under /bin/sh: docker/Dockerfile.cpu's RUN steps are POSIX sh and have no pipes.
     cmd = ["buildah", *b.storage, "bud", "--layers", "--pull=never", "--isolation", "chroot",
-           "--format", "docker",
+           "--format", "oci",
            "--timestamp", str(sde), "--identity-label=false",
            "-f", str(args.dockerfile),
            "--build-arg", f"ALEPH_CPU_BASE_IMAGE={BASE_NAME}",
