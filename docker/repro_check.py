@@ -141,9 +141,15 @@ def explain(oci: Path, digest_a: str, digest_b: str, diffoscope: str | None) -> 
     lines = []
     ca, cb = read_json(blob(oci, ma["config"]["digest"])), read_json(blob(oci, mb["config"]["digest"]))
     for key in sorted(ca.keys() | cb.keys()):
-        if key != "rootfs" and ca.get(key) != cb.get(key):
-            lines.append(f"config {key}: {json.dumps(ca.get(key))[:300]} != "
-                         f"{json.dumps(cb.get(key))[:300]}")
+        va, vb = ca.get(key), cb.get(key)
+        if key == "rootfs" or va == vb:
+            continue
+        where = key
+        if isinstance(va, list) and isinstance(vb, list) and len(va) == len(vb):
+            # history: the first differing entry, not the whole list
+            i = next(i for i, (x, y) in enumerate(zip(va, vb, strict=True)) if x != y)
+            where, va, vb = f"{key}[{i}]", va[i], vb[i]
+        lines.append(f"config {where}: {json.dumps(va)[:300]} != {json.dumps(vb)[:300]}")
     la, lb = ma["layers"], mb["layers"]
     if len(la) != len(lb):
         lines.append(f"layer count: {len(la)} != {len(lb)}")

@@ -53,11 +53,13 @@ def _put(oci: Path, data: bytes) -> dict:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def _layout(oci: Path, tag: str, layers: list[bytes], created: str = "2026-08-07T00:00:00Z") -> str:
+def _layout(oci: Path, tag: str, layers: list[bytes], created: str = "2026-08-07T00:00:00Z",
+            history: list[dict] | None = None) -> str:
     """Adds an image tagged `tag` to an OCI image layout; returns its manifest digest."""
     descs = [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **_put(oci, x)} for x in layers]
     config = {"created": created, "architecture": "amd64", "os": "linux",
-              "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in descs]}}
+              "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in descs]},
+              "history": history or [{"created_by": "COPY x"}] * len(layers)}
     cfg = {"mediaType": "application/vnd.oci.image.config.v1+json",
            **_put(oci, json.dumps(config).encode())}
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -105,6 +107,16 @@ def test_mtime_only_and_missing_files_and_config_are_reported(rc, tmp_path):
     assert lines[0] == 'config created: "2026-08-07T00:00:00Z" != "2026-12-01T21:00:00Z"'
     assert "  differs: opt/aleph/aleph/x.pyc (mtime 1786060800 != 1786060801)" in lines
     assert "  only in b: var/log/dpkg.log" in lines
+
+
+def test_a_history_difference_names_its_first_entry(rc, tmp_path):
+    # What buildah --layers --format docker did: equal layers, parent ids in the history.
+    same = [_layer(BASE), _layer(CODE)]
+    a = _layout(tmp_path, "a", same, history=[{"comment": "FROM base"}, {"comment": "FROM 4a71"}])
+    b = _layout(tmp_path, "b", same, history=[{"comment": "FROM base"}, {"comment": "FROM f48a"}])
+    assert a != b
+    assert rc.explain(tmp_path, a, b, None) == [
+        'config history[1]: {"comment": "FROM 4a71"} != {"comment": "FROM f48a"}']
 
 
 def test_diffoscope_explains_the_differing_layer(rc, tmp_path):
