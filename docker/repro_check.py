@@ -36,9 +36,19 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "docker"))  # the SBOM half beside this file
+from repro_sbom import (  # noqa: E402
+    SbomError,
+    dockerfile_locks,
+    lock_pins,
+    read_sbom,
+    sbom_image_digests,
+    sbom_python_packages,
+    sbom_vs_pins,
+)
+
 DOCKERFILE = REPO / "docker" / "Dockerfile.cpu"
 SBOM_LOCK = REPO / "lockfiles" / "sbom.txt"
 IMAGE = "localhost/aleph-repro-cpu:build"
@@ -321,69 +331,6 @@ def write_sbom(syft: Path, oci: Path, digest: str, out_dir: Path) -> Path:
     return final
 
 
-PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.M)
-# pip freeze (and so pip_freeze.txt and `aleph env check`) never lists these: the venv's own
-# installer, not part of a lock unless a lock pins it (as aleph/env/pins.py).
-INSTALLERS = frozenset({"pip", "setuptools", "wheel", "distribute"})
-MAX_SBOM = 256 << 20
-
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def dockerfile_locks(dockerfile: Path, root: Path = REPO) -> list[Path]:
-    """The lock files a Dockerfile's pip steps install (`-r lockfiles/NAME.txt`), in order."""
-    return [root / rel for rel in re.findall(r"-r (lockfiles/[\w.-]+\.txt)", dockerfile.read_text())]
-
-
-def lock_pins(locks: list[Path]) -> dict[str, str]:
-    """name -> version of every `name==version` line of the locks (names normalised)."""
-    pins: dict[str, str] = {}
-    for lock in locks:
-        for name, version in PIN.findall(lock.read_text()):
-            pins[norm(name)] = version
-    return pins
-
-
-def read_sbom(spdx: Path) -> dict:
-    if not spdx.is_file() or spdx.stat().st_size > MAX_SBOM:
-        raise GateError(f"{spdx}: expected an SPDX JSON file under {MAX_SBOM} bytes")
-    return json.loads(spdx.read_bytes())
-
-
-def sbom_image_digests(doc: dict) -> list[str]:
-    """The SHA256 checksums of the document's CONTAINER package(s): the manifest it describes."""
-    return [f"sha256:{c['checksumValue']}" for pkg in doc.get("packages", [])
-            if pkg.get("primaryPackagePurpose") == "CONTAINER"
-            for c in pkg.get("checksums", []) if c.get("algorithm") == "SHA256"]
-
-
-def sbom_python_packages(doc: dict) -> dict[str, set[str]]:
-    """name -> versions of the SPDX document's `pkg:pypi/` packages (by their purl)."""
-    found: dict[str, set[str]] = {}
-    for pkg in doc.get("packages", []):
-        for ref in pkg.get("externalRefs", []):
-            m = re.fullmatch(r"pkg:pypi/([^@?#]+)@([^?#]+)(?:[?#].*)?", ref.get("referenceLocator", ""))
-            if ref.get("referenceType") == "purl" and m:
-                found.setdefault(norm(unquote(m.group(1))), set()).add(unquote(m.group(2)))
-    return found
-
-
-def sbom_vs_pins(found: dict[str, set[str]], pins: dict[str, str]) -> list[str]:
-    """What keeps the SBOM's Python packages from being exactly the pins (installers aside)."""
-    problems = []
-    for name in sorted(found.keys() | pins.keys()):
-        have, want = found.get(name, set()), pins.get(name)
-        if want is None and name in INSTALLERS:
-            continue
-        if want is None:
-            problems.append(f"in the SBOM, not pinned: {name} {', '.join(sorted(have))}")
-        elif have != {want}:
-            problems.append(f"{name}: pinned {want}, SBOM has {', '.join(sorted(have)) or 'nothing'}")
-    return problems
-
-
 def revision() -> str:
     p = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
                        text=True, timeout=60) if shutil.which("git") else None
@@ -462,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f" (and the venv's own installer, which pip freeze omits: {extra})"
                      if extra else ""), flush=True)
         return 0
-    except GateError as e:
+    except (GateError, SbomError) as e:
         print(f"repro-check: error: {e}", file=sys.stderr)
         return 2
     finally:

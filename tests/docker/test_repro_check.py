@@ -189,7 +189,7 @@ def test_sbom_names_its_image_and_refuses_what_is_not_a_file(rc, tmp_path):
     path = tmp_path / "s.json"
     path.write_text(json.dumps(_spdx([], "cd" * 32)))
     assert rc.sbom_image_digests(rc.read_sbom(path)) == [f"sha256:{'cd' * 32}"]
-    with pytest.raises(rc.GateError, match="expected an SPDX JSON file"):
+    with pytest.raises(rc.SbomError, match="expected an SPDX JSON file"):
         rc.read_sbom(tmp_path)
 
 
