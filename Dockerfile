@@ -13,8 +13,11 @@
 ARG BASE_IMAGE=nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04@sha256:622e78a1d02c0f90ed900e3985d6c975d8e2dc9ee5e61643aed587dcf9129f42
 
 FROM ${BASE_IMAGE} AS base
-# The capture date (2026-08-07T00:00:00Z): timestamps in layers and .pyc files, and the
-# Ubuntu archive snapshot that fixes every apt package version.
+# The capture date (2026-08-07T00:00:00Z): timestamps in layers and .pyc files (py_compile
+# writes checked-hash .pyc files when it is set, PEP 552), CPython's build date (GCC's
+# __DATE__/__TIME__ honour it), useradd's /etc/shadow date, and the Ubuntu archive snapshot
+# that fixes every apt package version. For layer timestamps pass it to BuildKit too
+# (docs/docker.md, "Reproducible builds": --build-arg SOURCE_DATE_EPOCH, rewrite-timestamp).
 ARG SOURCE_DATE_EPOCH=1786060800
 ARG APT_SNAPSHOT=20260807T000000Z
 ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 TZ=UTC SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH}
@@ -62,7 +65,8 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates g++ gcc libbz2-1.0 libc6-dev \
        libffi8 libgdbm6 liblzma5 libncursesw6 libreadline8 libsqlite3-0 libssl3 libuuid1 \
        procps tini zlib1g \
-    && rm -rf /var/lib/apt/lists/* \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/dpkg.log \
+       /var/log/alternatives.log /var/cache/ldconfig/aux-cache \
     && groupadd --gid "${ALEPH_UID}" aleph \
     && useradd --uid "${ALEPH_UID}" --gid aleph --create-home --shell /bin/bash aleph \
     && mkdir -p /workspace \
@@ -87,10 +91,12 @@ WORKDIR /opt/aleph
 # constant in relock.py), so only torch/torchvision/torchaudio come from there; everything
 # else, the nvidia wheels included, comes from the default index (pytorch/pytorch#193491).
 COPY lockfiles/ lockfiles/
-RUN python3 lockfiles/relock.py --check-complete lockfiles/image-cu124.txt
+RUN PYTHONDONTWRITEBYTECODE=1 python3 lockfiles/relock.py --check-complete lockfiles/image-cu124.txt
+# PYTHONHASHSEED=0: set order in marshalled .pyc constants does not follow the build's seed.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    python3 -m pip install --require-hashes --no-deps --only-binary :all: -r lockfiles/image.txt \
-    && python3 -m pip install --require-hashes --no-deps --only-binary :all: \
+    PYTHONHASHSEED=0 python3 -m pip install --require-hashes --no-deps --only-binary :all: \
+       -r lockfiles/image.txt \
+    && PYTHONHASHSEED=0 python3 -m pip install --require-hashes --no-deps --only-binary :all: \
        -r lockfiles/image-cu124.txt \
     && python3 -m pip check
 
@@ -111,7 +117,7 @@ RUN set -eux; \
     printf '%s\n' "${ALEPH_REVISION}" > aleph/REVISION; \
     install -m 0755 docker/aleph /usr/local/bin/aleph; \
     python3 -m compileall -q aleph; \
-    aleph env check --strict
+    PYTHONDONTWRITEBYTECODE=1 aleph env check --strict
 
 USER ${ALEPH_UID}:${ALEPH_UID}
 ENTRYPOINT ["/usr/bin/tini", "--", "/opt/aleph/docker/entrypoint.sh"]

@@ -133,7 +133,7 @@ def test_host_lock_differs_from_freeze_only_by_the_documented_pins():
 
 
 @pytest.mark.parametrize("name", ["image.txt", "image-cu124.txt", "host.txt", "dev.txt",
-                                  "dev-sdist.txt"])
+                                  "dev-sdist.txt", "sbom.txt"])
 def test_every_lock_line_has_a_hash(name):
     missing = sorted(f"{n}=={v}" for n, (v, h) in read_lock(name).items() if not h)
     assert not missing, f"{name}: no sha256 for {missing}"
