@@ -52,9 +52,9 @@ def regular_chunks(directory: str | os.PathLike) -> list[str]:
 
 def _as_float32(raw: np.ndarray, dtype: str) -> torch.Tensor:
     """Raw unsigned rows (n, dim) of `dtype` -> float32 tensor (n, dim), a copy."""
-    raw = np.ascontiguousarray(raw)
+    raw = np.array(raw)  # a writable contiguous copy out of the (read-only) mapping
     if dtype == "float32":
-        return torch.from_numpy(raw.view("<f4").copy())
+        return torch.from_numpy(raw.view("<f4"))
     if dtype == "float16":
         return torch.from_numpy(raw.view("<f2")).float()
     return torch.from_numpy(raw.view("<i2")).view(torch.bfloat16).float()  # bfloat16

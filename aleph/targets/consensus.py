@@ -134,8 +134,8 @@ def save_rotations(path: Path, fit: GpaFit) -> str:
 
     tensors = {}
     for i, (r, m, w) in enumerate(zip(fit.rotations, fit.means, fit.whiteners, strict=True)):
-        tensors |= {f"rotation_{i}": r.cpu().contiguous(), f"mean_{i}": m.cpu().contiguous(),
-                    f"whitener_{i}": w.cpu().contiguous()}
+        tensors |= {f"rotation_{i}": r.cpu().clone(), f"mean_{i}": m.cpu().clone(),
+                    f"whitener_{i}": w.cpu().clone()}  # clone: no shared storage
     data = save(tensors)
     atomic_write_bytes(path, data)
     return sha256_bytes(data)
