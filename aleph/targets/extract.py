@@ -43,6 +43,9 @@ from aleph.targets.writer import fault_point
 PLAN_FILE = "extract-plan.json"
 RESULT_FILE = "extract.json"
 POOLING = "attention-masked mean of the last hidden state, fp32, then L2-normalised"
+NOT_TEACHER_ENV = ("the teacher models do not load in this environment ({why}); extraction "
+                   "runs in the teacher set (lockfiles/teachers.txt): ./aleph-dev extract ..., "
+                   "or docker compose --profile targets run --rm extract-targets")
 _MODEL_FILES = ("config.json", "model.safetensors")
 _MAX_MODEL_FILE_BYTES = 4 << 30  # refuse (and never hash) anything larger in a model dir
 
@@ -81,6 +84,15 @@ def resolve(spec: TeacherSpec) -> tuple[str, dict]:
         raise ConfigError(f"{spec.name}@{spec.revision or 'main'}: no model.safetensors "
                           "(pickled .bin weights are not loaded)")
     return path, {"name": spec.name, "local": False, "revision": os.path.basename(path)}
+
+
+def require_teacher_env() -> None:
+    """ConfigError (one line) unless transformers' model code imports here (checked before
+    anything is written: the E1 image's transformers 5.x fails on torch 2.4.1)."""
+    try:
+        import transformers.modeling_utils  # noqa: F401  (the module every model class needs)
+    except ImportError as e:
+        raise ConfigError(NOT_TEACHER_ENV.format(why=str(e).splitlines()[0])) from None
 
 
 def _load(path: str, device: torch.device):
@@ -125,10 +137,10 @@ class Progress:
     def __init__(self, total: int) -> None:
         self.total, self.done, self.t0, self.last = total, 0, time.monotonic(), 0.0
 
-    def __call__(self, n: int, force: bool = False) -> None:
+    def __call__(self, n: int) -> None:
         self.done += n
         now = time.monotonic()
-        if force or now - self.last >= 10 or self.done >= self.total:
+        if now - self.last >= 10 or self.done >= self.total:
             rate = self.done / max(now - self.t0, 1e-9)
             eta = (self.total - self.done) / rate if rate else float("inf")
             print(f"extract: {self.done:,}/{self.total:,} teacher-rows, {rate:,.1f} rows/s, "
@@ -141,10 +153,10 @@ def estimate(configs: list[dict], rows: int, max_length: int, mean_tokens: float
     """The FLOPs / GPU-hours line printed before a run."""
     full = sum(forward_flops(c, max_length) for c in configs) * rows
     mean = sum(forward_flops(c, max(1, round(mean_tokens))) for c in configs) * rows
-    return (f"estimate: {rows:,} rows x {len(configs)} teachers: {full / 1e15:,.1f} PFLOP at "
-            f"{max_length} tokens = {gpu_hours(full, tflops):,.2f} GPU-hours; at the sampled mean "
-            f"length {mean_tokens:.1f} tokens {mean / 1e15:,.2f} PFLOP = "
-            f"{gpu_hours(mean, tflops):,.3f} GPU-hours (at {tflops} TFLOP/s per GPU)")
+    return (f"estimate: {rows:,} rows x {len(configs)} teachers: {full:.3e} FLOP padded to "
+            f"{max_length} tokens = {gpu_hours(full, tflops):,.3g} GPU-hours; at the sampled mean "
+            f"length {mean_tokens:.1f} tokens {mean:.3e} FLOP = "
+            f"{gpu_hours(mean, tflops):,.3g} GPU-hours (at {tflops} TFLOP/s per GPU)")
 
 
 def _plan(captions: str, rows: int, records: list[dict], opts: ExtractOptions,
@@ -190,6 +202,7 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
     if opts.max_length < 2 or opts.batch_size < 1 or opts.chunk_rows < 1:
         raise ConfigError("--max-length >= 2, --batch-size >= 1 and --chunk-rows >= 1 expected")
     shard, shards = _shard(opts.shard)
+    require_teacher_env()
     out = Path(out).absolute()
     src = open_captions(captions, opts.column)
     rows = src.count_rows()
@@ -249,7 +262,6 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
     if c != n_chunks:
         raise StoreError(f"captions {captions}: read {c} chunks, expected {n_chunks} "
                          f"({rows:,} rows counted): the source changed while being read")
-    progress(0, force=True)
     return _finish(out, plan, specs) if shards == 1 else 0
 
 
