@@ -5,9 +5,10 @@ Run with the teacher environment's Python (transformers 4.x):
   python tiny_teachers.py build OUT CAPTIONS.txt   one directory per architecture under OUT:
       a WordPiece tokenizer trained on the captions (tokenizers), a model of 2-3 layers x 32
       built from its config with a fixed seed, saved with save_pretrained (safetensors)
-  python tiny_teachers.py encode MODEL_DIR CAPTIONS.txt MAX_LEN ROW...
-      the plain transformers forward of each listed caption alone (no padding), mean-pooled
-      and L2-normalised, printed as JSON: the reference the extraction is checked against
+  python tiny_teachers.py encode MODELS CAPTIONS.txt MAX_LEN ROW...
+      for every model directory under MODELS, the plain transformers forward of each listed
+      caption alone (no padding), mean-pooled and L2-normalised, printed as JSON
+      {name: rows}: the reference the extraction is checked against
 """
 
 from __future__ import annotations
@@ -82,14 +83,16 @@ def build(out: Path, captions: list[str]) -> None:
         print(out / name)
 
 
-def encode(model_dir: str, captions: list[str], max_len: int, rows: list[int]) -> None:
-    tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir)
-    out = []
-    with torch.inference_mode():
-        for r in rows:
-            b = tok(captions[r], truncation=True, max_length=max_len, return_tensors="pt")
-            h = model(input_ids=b["input_ids"]).last_hidden_state[0]  # (L, D)
-            out.append(torch.nn.functional.normalize(h.mean(0), dim=0).tolist())
+def encode(models_dir: Path, captions: list[str], max_len: int, rows: list[int]) -> None:
+    out: dict[str, list] = {}
+    for d in sorted(models_dir.iterdir()):
+        tok, model = AutoTokenizer.from_pretrained(d), AutoModel.from_pretrained(d)
+        with torch.inference_mode():
+            for r in rows:
+                b = tok(captions[r], truncation=True, max_length=max_len, return_tensors="pt")
+                h = model(input_ids=b["input_ids"]).last_hidden_state[0]  # (L, D)
+                out.setdefault(d.name, []).append(
+                    torch.nn.functional.normalize(h.mean(0), dim=0).tolist())
     print(json.dumps(out))
 
 
@@ -98,4 +101,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "build":
         build(Path(sys.argv[2]), caps)
     else:
-        encode(sys.argv[2], caps, int(sys.argv[4]), [int(r) for r in sys.argv[5:]])
+        encode(Path(sys.argv[2]), caps, int(sys.argv[4]), [int(r) for r in sys.argv[5:]])
