@@ -90,7 +90,8 @@ def _extract(args) -> int:
     opts = ExtractOptions(max_length=args.max_length, batch_size=args.batch_size,
                           chunk_rows=args.chunk_rows, column=args.column,
                           assume_tflops=args.assume_tflops, shard=args.shard,
-                          estimate_only=args.estimate_only)
+                          estimate_only=args.estimate_only,
+                          consensus_out=args.consensus_out)
     return run_extract(args.captions, args.out, args.teachers, opts)
 
 
@@ -179,6 +180,9 @@ def _register_making(sub) -> None:
                    help="sustained TFLOP/s per GPU for the GPU-hours estimate")
     e.add_argument("--shard", default=None, metavar="I/N",
                    help="process only chunks c with c %% N == I (one process per GPU)")
+    e.add_argument("--consensus-out", metavar="DIR",
+                   help="then run `aleph targets consensus` of the teachers into DIR "
+                   "(default fit): captions to a trainable target directory in one command")
     e.add_argument("--estimate-only", action="store_true",
                    help="print the FLOPs and GPU-hours estimate and stop")
     e.set_defaults(func=_extract)

@@ -231,10 +231,10 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
     if opts.shard is None and n_gpu > 1:
         argv = ["targets", "extract", "--captions", captions, "--out", str(out), "--teachers",
                 teachers, *[a for k, v in dataclasses.asdict(opts).items()
-                            if k not in ("shard", "estimate_only")
+                            if k not in ("shard", "estimate_only", "consensus_out")
                             for a in (f"--{k.replace('_', '-')}", str(v))]]
         rc = _spawn_shards(argv, n_gpu)
-        return rc or _finish(out, plan, specs)
+        return rc or _finish(out, plan, specs, opts.consensus_out)
     n_chunks = math.ceil(rows / opts.chunk_rows)
     mine = [c for c in range(n_chunks) if c % shards == shard]
     todo = {c: [i for i, s in enumerate(specs) if not chunk_path(out, s.slug, c).is_file()]
@@ -262,10 +262,10 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
     if c != n_chunks:
         raise StoreError(f"captions {captions}: read {c} chunks, expected {n_chunks} "
                          f"({rows:,} rows counted): the source changed while being read")
-    return _finish(out, plan, specs) if shards == 1 else 0
+    return _finish(out, plan, specs, opts.consensus_out) if shards == 1 else 0
 
 
-def _finish(out: Path, plan: dict, specs: list[TeacherSpec]) -> int:
+def _finish(out: Path, plan: dict, specs: list[TeacherSpec], consensus_out: str | None) -> int:
     """extract.json once every teacher has every chunk; the teachers' directories listed."""
     n = math.ceil(plan["rows"] / plan["chunk_rows"])
     missing = [str(chunk_path(out, s.slug, c)) for s in specs for c in range(n)
@@ -274,7 +274,14 @@ def _finish(out: Path, plan: dict, specs: list[TeacherSpec]) -> int:
         raise StoreError(f"{out}: {len(missing)} chunk(s) missing after the run, first {missing[0]}")
     atomic_write_json(out / RESULT_FILE, {**plan, "chunks": n,
                                           "teacher_dirs": [s.slug for s in specs]})
-    print(f"{out}: {plan['rows']:,} rows x {len(specs)} teachers in {n} chunks each; next: "
-          f"aleph targets consensus --teachers {' '.join(str(out / s.slug) for s in specs)} "
-          f"--out {out / 'consensus'}")
+    dirs = [str(out / s.slug) for s in specs]
+    if consensus_out is None:
+        print(f"{out}: {plan['rows']:,} rows x {len(specs)} teachers in {n} chunks each; next: "
+              f"aleph targets consensus --teachers {' '.join(dirs)} --out {out / 'consensus'}")
+        return 0
+    from aleph.targets.consensus import run_consensus  # numpy/torch only
+
+    r = run_consensus(dirs, consensus_out)
+    print(f"{consensus_out}: {r['rows']:,} x {r['dim']} float16 consensus targets of "
+          f"{len(dirs)} teachers ({r['fit']['iterations']} sweeps)")
     return 0

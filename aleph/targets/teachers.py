@@ -36,6 +36,7 @@ class ExtractOptions:
     assume_tflops: float = round(A40_BF16_TFLOPS * ASSUMED_MFU, 1)
     shard: str | None = None  # "I/N": chunks c with c % N == I
     estimate_only: bool = False
+    consensus_out: str | None = None  # run the consensus into this directory afterwards
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ def tiny(tmp_path_factory):
     teachers = ",".join(str(root / "models" / a) for a in ARCHS)
     out = root / "clean"
     _, err = done(run_teacher(["-m", "aleph", "targets", "extract", "--captions", str(caps),
-                               "--out", str(out), "--teachers", teachers, *OPTS]))
+                               "--out", str(out), "--teachers", teachers, *OPTS,
+                               "--consensus-out", str(root / "targets")]))
     return caps, teachers, out, err
 
 
@@ -108,14 +109,20 @@ def test_every_architecture_extracts_unit_fp16_rows_aligned_with_the_captions(ti
 
 
 @pytest.mark.slow
-def test_consensus_of_the_extraction_is_a_store_aligned_with_the_captions(tiny, tmp_path):
+def test_one_command_gives_a_target_store_aligned_with_the_captions(tiny, tmp_path):
+    """--consensus-out ran the consensus in the teacher venv; the main venv's store reads it."""
     caps, _, out, _ = tiny
-    result = run_consensus([str(out / a) for a in ARCHS], tmp_path / "consensus",
-                           fit_rows=200)
-    store = build_store(chunk_files_in(tmp_path / "consensus"), tmp_path / "store")
+    targets = out.parent / "targets"
+    result = json.loads((targets / "consensus.json").read_text())
+    assert [t["dir"] for t in result["teachers"]] == [str(out / a) for a in ARCHS]
+    store = build_store(chunk_files_in(targets), tmp_path / "store")
     check_aligned(open_captions(caps).count_rows(), store.rows, f"captions {caps}",
                   f"targets {store.store_dir}")  # raises on a count mismatch
     assert store.rows == ROWS and store.dim == 32 and result["fit"]["converged"]
+    # the same consensus computed here, in the main venv, is byte for byte the same
+    run_consensus([str(out / a) for a in ARCHS], tmp_path / "again")
+    for c in result["output"]["chunks"]:
+        assert (tmp_path / "again" / c["name"]).read_bytes() == (targets / c["name"]).read_bytes()
 
 
 @pytest.mark.slow
