@@ -189,3 +189,21 @@ def test_importing_aleph_and_its_teacher_code_never_imports_transformers():
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_aleph_dev_runs_extract_in_the_teacher_venv_without_rebuilding_it():
+    teacher_python()
+    stamp = REPO / ".venv-teachers" / ".aleph-locks.sha256"
+    before = stamp.stat().st_mtime_ns
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALEPH_")}
+    r = subprocess.run([str(REPO / "aleph-dev"), "teachers", "python", "-c",
+                        "import sys, transformers; print(sys.prefix, transformers.__version__)"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    prefix, version = r.stdout.split()
+    assert Path(prefix).resolve() == (REPO / ".venv-teachers").resolve()
+    assert version.startswith("4.") and ".venv-teachers is up to date" in r.stderr
+    r = subprocess.run([str(REPO / "aleph-dev"), "extract", "--help"], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "--consensus-out" in r.stdout, r.stderr
+    assert stamp.stat().st_mtime_ns == before
