@@ -86,8 +86,11 @@ def _blocks(acc: GramAccumulator, whiten: str) -> tuple[list[list[torch.Tensor]]
             whiteners.append(vec @ torch.diag(lam.rsqrt()) @ vec.T)
         else:
             whiteners.append(eye)
-    g = [[whiteners[i].T @ (acc.gram[i * d:(i + 1) * d, j * d:(j + 1) * d] / n
-                            - torch.outer(means[i], means[j])) @ whiteners[j]
+    block = [[acc.gram[i * d:(i + 1) * d, j * d:(j + 1) * d] / n for j in range(k)]
+             for i in range(k)]
+    if whiten == "none":  # W = I, mean 0: the raw second moments (no 2 k^2 D^3 products)
+        return block, means, whiteners
+    g = [[whiteners[i].T @ (block[i][j] - torch.outer(means[i], means[j])) @ whiteners[j]
           for j in range(k)] for i in range(k)]
     return g, means, whiteners
 
