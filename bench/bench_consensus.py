@@ -10,6 +10,9 @@ plus noise, made here. At two sizes (--rows, default 40,000 and 160,000 rows):
   2. memory: peak RSS of the whole `aleph targets consensus` in its own process (bench/peak.py)
      at the two sizes and at two --fit-rows: bounded by the fit's k^2 D^2 Gram sums and one
      block, not by the rows or the fit sample.
+The fit is capped at --max-iter sweeps (default 3): this bench measures the apply pass and
+memory (the Gram sums are allocated and filled in full whatever the sweep count); each
+768-d sweep costs minutes on a loaded 2-core machine.
 
 Run from the repository root with the venv of `./aleph-dev setup`:
     .venv/bin/python bench/bench_consensus.py [--rows 40000 160000] [--dir /fast/disk]
@@ -70,17 +73,17 @@ def plain_apply(dirs: list[str], names: list[str], maps: torch.Tensor, bias: tor
             os.fsync(f.fileno())
 
 
-def consensus_cmd(dirs: list[str], out: Path, fit_rows: int) -> list[str]:
+def consensus_cmd(dirs: list[str], out: Path, fit_rows: int, max_iter: int) -> list[str]:
     return [sys.executable, "-m", "aleph", "targets", "consensus", "--teachers", *dirs,
-            "--out", str(out), "--fit-rows", str(fit_rows)]
+            "--out", str(out), "--fit-rows", str(fit_rows), "--max-iter", str(max_iter)]
 
 
-def one_size(root: Path, rows: int, env: dict) -> None:
+def one_size(root: Path, rows: int, env: dict, max_iter: int) -> list[int]:
     dirs = make_teachers(root, rows)
     fit_rows = [rows // 8, rows // 2]
     peaks = []
     for f in fit_rows:
-        r = run_peak(consensus_cmd(dirs, root / f"out{f}", f), env, cwd=REPO)
+        r = run_peak(consensus_cmd(dirs, root / f"out{f}", f, max_iter), env, cwd=REPO)
         peaks.append(r["rss"])
         print(f"  rows {rows:,} fit-rows {f:,}: whole consensus {r['wall']:.1f} s, "
               f"peak RSS {r['rss'] / 2**20:,.0f} MiB")
@@ -109,6 +112,7 @@ def one_size(root: Path, rows: int, env: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs=2, default=[40_000, 160_000])
+    ap.add_argument("--max-iter", type=int, default=3, help="sweeps of the fit (see above)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: the system temp)")
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -117,7 +121,7 @@ def main() -> None:
     peaks = []
     for rows in args.rows:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-            peaks.append(one_size(Path(tmp), rows, env))
+            peaks.append(one_size(Path(tmp), rows, env, args.max_iter))
     print(f"peak RSS at {args.rows[1]:,} rows / at {args.rows[0]:,} rows (fit-rows rows/8): "
           f"{peaks[1][0] / peaks[0][0]:.2f}x (rows grew {args.rows[1] / args.rows[0]:.0f}x)")
 
