@@ -2,6 +2,7 @@
 """Regenerate pip_freeze.txt and the hash locks from lockfiles/*.in; fill and check cu124 hashes.
 
   python lockfiles/relock.py                      resolve + write freeze and every lock
+  python lockfiles/relock.py --teachers           resolve + write lockfiles/teachers.txt only
   python lockfiles/relock.py --fill-cu124         download the three cu124 wheels, check/write sha256
   python lockfiles/relock.py --write-cu124        rewrite image-cu124.txt offline from
                                                   pip_freeze.txt and KNOWN_CU124 (no network)
@@ -243,6 +244,37 @@ def resolve() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     return image, host, dev
 
 
+# The teacher set pins these itself (below the seed's); every other shared package is host's.
+TEACHER_OWN = ("transformers", "tokenizers", "huggingface-hub")
+
+
+def resolve_teachers(host: dict[str, str]) -> dict[str, str]:
+    """teachers.in resolved with host's pins (but TEACHER_OWN) as constraints; checks that
+    torch, triton and the nvidia wheels are host's exact pins (so one download serves both)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as c:
+        c.write("".join(f"{n}=={v}\n" for n, v in host.items() if n not in TEACHER_OWN))
+        c.flush()
+        pins = compile_pins(HERE / "teachers.in", constraints=Path(c.name))
+    shared = {n for n in pins if n in host and n not in TEACHER_OWN}
+    drift = sorted(n for n in shared if pins[n] != host[n])
+    runtime = {n for n in host if n.startswith("nvidia-")} | {"torch", "triton"}
+    if drift or not runtime <= set(pins):
+        raise LockError(f"teachers.in: resolves away from host.txt: differ {drift}, "
+                        f"missing {sorted(runtime - set(pins))}")
+    return {n: v for n, v in pins.items() if n not in FREEZE_OMITS}
+
+
+def write_teachers(host: dict[str, str]) -> None:
+    entries, _ = hashed(resolve_teachers(host))
+    write_lock(HERE / "teachers.txt", "Teacher set (aleph targets extract; never in the E1 "
+               "image): transformers 4.x on host.txt's torch 2.4.1.", entries)
+
+
+def host_pins() -> dict[str, str]:
+    """{normalised name: version} of the committed host.txt."""
+    return {norm(e.name): e.version for e in read_lock(HERE / "host.txt")}
+
+
 def hashed(pins: dict[str, str]) -> tuple[list[Entry], dict]:
     """Entries with index hashes for every pin, and {normalised: metadata name}."""
     rep = index_report([f"{n}=={v}" for n, v in sorted(pins.items())])
@@ -284,6 +316,7 @@ def regenerate() -> None:
                "poetry-core (install dev.txt first).",
                [Entry(name, version, sha, "sha256 of the sdist, computed on download")],
                install=SDIST_INSTALL)
+    write_teachers(host)
 
 
 def write_cu124(pins: dict[str, str]) -> None:
@@ -408,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write-cu124", action="store_true",
                       help="rewrite lockfiles/image-cu124.txt offline from pip_freeze.txt, its "
                       "recorded hashes and the public ones in KNOWN_CU124")
+    mode.add_argument("--teachers", action="store_true",
+                      help="resolve lockfiles/teachers.in against the committed host.txt and "
+                      "write lockfiles/teachers.txt only")
     mode.add_argument("--check-complete", type=Path, metavar="LOCK",
                       help="exit 1 unless every requirement of LOCK has a sha256")
     ap.add_argument("--index-url", default=PYTORCH_CU124_INDEX,
@@ -416,7 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.check_complete:
             return check_complete(args.check_complete)
-        if args.fill_cu124:
+        if args.teachers:
+            write_teachers(host_pins())
+        elif args.fill_cu124:
             fill_cu124(args.index_url)
         elif args.write_cu124:
             write_cu124_offline()

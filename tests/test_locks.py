@@ -133,7 +133,7 @@ def test_host_lock_differs_from_freeze_only_by_the_documented_pins():
 
 
 @pytest.mark.parametrize("name", ["image.txt", "image-cu124.txt", "host.txt", "dev.txt",
-                                  "dev-sdist.txt", "sbom.txt"])
+                                  "dev-sdist.txt", "sbom.txt", "teachers.txt"])
 def test_every_lock_line_has_a_hash(name):
     missing = sorted(f"{n}=={v}" for n, (v, h) in read_lock(name).items() if not h)
     assert not missing, f"{name}: no sha256 for {missing}"
@@ -198,7 +198,7 @@ def test_relock_keeps_a_verified_cu124_note_and_drops_a_known_hash_when_the_pin_
 def test_only_the_cu124_lock_is_routed_to_the_pytorch_index():
     cu124 = (LOCKS / "image-cu124.txt").read_text()
     assert "\n--index-url https://download.pytorch.org/whl/cu124\n" in cu124
-    for other in ["image.txt", "host.txt", "dev.txt", "dev-sdist.txt"]:
+    for other in ["image.txt", "host.txt", "dev.txt", "dev-sdist.txt", "teachers.txt"]:
         lines = (LOCKS / other).read_text().splitlines()
         assert not [ln for ln in lines if ln.startswith("--")], f"{other} carries an option"
 
@@ -259,3 +259,53 @@ def test_installed_environment_matches_host_and_dev_locks():
     differ = {n: (want[n], have[n]) for n in set(want) & set(have) if want[n] != have[n]}
     assert not (extra or lacking or differ), \
         f"drift: extra {extra}, missing {lacking}, differ (lock, installed) {differ}"
+
+
+def hashes(name: str) -> dict[str, str]:
+    """{normalised name: sha256} of a lock (entries without a hash left out)."""
+    text = (LOCKS / name).read_text()
+    return {norm(m.group(1)): m.group(2) for m in re.finditer(
+        rf"^({NAME_RE})==\S+ \\\n    --hash=sha256:([0-9a-f]{{64}})$", text, re.M)}
+
+
+def test_teacher_lock_is_transformers_4_on_the_host_torch_files():
+    teachers, host = versions(read_lock("teachers.txt")), versions(read_lock("host.txt"))
+    major, minor = (int(x) for x in teachers["transformers"].split(".")[:2])
+    assert major == 4 and minor >= 48, "ModernBERT needs transformers >= 4.48; 5.x fails on torch 2.4"
+    assert tuple(int(x) for x in teachers["tokenizers"].split(".")[:2]) < (0, 22)
+    assert int(teachers["huggingface-hub"].split(".")[0]) < 1
+    own = {"transformers", "tokenizers", "huggingface-hub"}
+    shared = set(teachers) & set(host) - own
+    assert {n: teachers[n] for n in shared} == {n: host[n] for n in shared}
+    runtime = {"torch", "triton", "numpy", "safetensors"} | set(HOST_NVIDIA) | {"nvidia-nvjitlink-cu12"}
+    assert runtime <= shared
+    th, hh = hashes("teachers.txt"), hashes("host.txt")
+    assert {n: th[n] for n in runtime} == {n: hh[n] for n in runtime}, "not the same wheel files"
+
+
+TEACHER_VENV = ROOT / ".venv-teachers"
+
+
+@pytest.mark.skipif(not (TEACHER_VENV / ".aleph-locks.sha256").is_file(),
+                    reason=".venv-teachers not built (./aleph-dev setup-teachers)")
+def test_teacher_venv_matches_its_lock():
+    site = list(TEACHER_VENV.glob("lib/python3.*/site-packages"))
+    have = {norm(d.metadata["Name"]): d.version for d in md.distributions(path=[str(p) for p in site])}
+    have = {n: v for n, v in have.items() if n not in NOT_IN_FREEZE}
+    assert have == versions(read_lock("teachers.txt"))
+
+
+def test_relock_refuses_a_teacher_set_that_leaves_the_host_torch(tmp_path, monkeypatch):
+    relock = load_relock(tmp_path, monkeypatch)
+    host = {"torch": "2.4.1", "triton": "3.0.0", "nvidia-cudnn-cu12": "9.1.0.70",
+            "transformers": "5.14.1"}
+    seen = {}
+
+    def compile_pins(infile, constraints=None, **kw):
+        seen["constraints"] = Path(constraints).read_text()
+        return {**host, "torch": "2.5.0", "transformers": "4.55.4"}
+
+    monkeypatch.setattr(relock, "compile_pins", compile_pins)
+    with pytest.raises(relock.LockError, match=r"differ \['torch'\], missing \[\]"):
+        relock.resolve_teachers(host)
+    assert "torch==2.4.1\n" in seen["constraints"] and "transformers" not in seen["constraints"]

@@ -1,4 +1,4 @@
-"""`aleph targets build|verify|plan|info`: the target store from the command line."""
+"""`aleph targets build|verify|plan|info|extract|consensus`: target stores and the targets' making."""
 
 from __future__ import annotations
 
@@ -70,6 +70,31 @@ def _info(args) -> int:
     return 0
 
 
+def _consensus(args) -> int:
+    from aleph.targets.consensus import run_consensus
+
+    r = run_consensus(args.teachers, args.out, fit_rows=args.fit_rows, whiten=args.whiten,
+                      tol=args.tol, max_iter=args.max_iter)
+    fit = r["fit"]
+    print(f"{args.out}: {r['rows']:,} x {r['dim']} float16 consensus of {len(r['teachers'])} "
+          f"teachers, fit on {fit['rows_used']:,} rows, {fit['iterations']} sweeps "
+          f"(converged {fit['converged']}), relative residual per teacher "
+          + " ".join(f"{x:.4f}" for x in fit["relative_residuals"]))
+    return 0
+
+
+def _extract(args) -> int:
+    from aleph.targets.extract import run_extract
+    from aleph.targets.teachers import ExtractOptions
+
+    opts = ExtractOptions(max_length=args.max_length, batch_size=args.batch_size,
+                          chunk_rows=args.chunk_rows, column=args.column,
+                          assume_tflops=args.assume_tflops, shard=args.shard,
+                          estimate_only=args.estimate_only,
+                          consensus_out=args.consensus_out)
+    return run_extract(args.captions, args.out, args.teachers, opts)
+
+
 VERIFY_LEVELS = """\
 levels (exit 0: OK; exit 2: one line naming every bad chunk range and why):
   quick      the manifest's schema and arithmetic (rows x dim x itemsize = byte_length,
@@ -123,6 +148,57 @@ def register(subparsers) -> None:
                     help="bytes kept free beside the store")
     pl.add_argument("--cgroup-root", default="/sys/fs/cgroup", help=argparse.SUPPRESS)  # tests
     pl.set_defaults(func=_plan)
+    _register_making(sub)
     i = sub.add_parser("info", help="print a store's manifest summary")
     i.add_argument("store", help="target store directory")
     i.set_defaults(func=_info)
+
+
+def _register_making(sub) -> None:
+    from aleph.targets.consensus import DEFAULT_FIT_ROWS
+    from aleph.targets.procrustes import WHITEN_MODES
+    from aleph.targets.teachers import DEFAULT_TEACHERS, ExtractOptions
+
+    e = sub.add_parser(
+        "extract", help="encode captions with the teacher models into per-teacher fp16 chunks",
+        description="Runs in the teacher environment (./aleph-dev extract, or the "
+        "extract-targets compose service): transformers 4.x, which the E1 image lacks.")
+    e.add_argument("--captions", required=True, help="captions file (.txt/.jsonl/.json/.parquet) "
+                   "or hub dataset id; row i becomes target row i")
+    e.add_argument("--out", required=True, help="output directory: one chunk directory per teacher")
+    e.add_argument("--teachers", default=",".join(DEFAULT_TEACHERS),
+                   help="comma-separated hub names (NAME@REVISION pins one) or local model "
+                   "directories (default: the five of E1)")
+    e.add_argument("--column", default="caption", help="caption field of .jsonl/.json/.parquet")
+    e.add_argument("--max-length", type=int, default=ExtractOptions.max_length,
+                   help="tokens per caption (truncated; batches padded to their longest)")
+    e.add_argument("--batch-size", type=int, default=ExtractOptions.batch_size,
+                   help="captions per forward pass")
+    e.add_argument("--chunk-rows", type=int, default=ExtractOptions.chunk_rows,
+                   help="rows per output chunk file (the resume unit)")
+    e.add_argument("--assume-tflops", type=float, default=ExtractOptions.assume_tflops,
+                   help="sustained TFLOP/s per GPU for the GPU-hours estimate")
+    e.add_argument("--shard", default=None, metavar="I/N",
+                   help="process only chunks c with c %% N == I (one process per GPU)")
+    e.add_argument("--consensus-out", metavar="DIR",
+                   help="then run `aleph targets consensus` of the teachers into DIR "
+                   "(default fit): captions to a trainable target directory in one command")
+    e.add_argument("--estimate-only", action="store_true",
+                   help="print the FLOPs and GPU-hours estimate and stop")
+    e.set_defaults(func=_extract)
+    c = sub.add_parser(
+        "consensus", help="generalized-Procrustes consensus of teacher chunk directories",
+        description="Fits orthogonal rotations of the teachers on up to --fit-rows rows, "
+        "applies them chunk by chunk and writes the L2-normalised mean as fp16 chunks "
+        "with the same names, plus consensus.json.")
+    c.add_argument("--teachers", nargs="+", required=True, metavar="DIR",
+                   help="teacher chunk directories (same chunk names and row counts)")
+    c.add_argument("--out", required=True, help="output target directory")
+    c.add_argument("--fit-rows", type=int, default=DEFAULT_FIT_ROWS,
+                   help="rows the rotations are fitted on, evenly spaced (default %(default)s)")
+    c.add_argument("--whiten", choices=WHITEN_MODES, default="none",
+                   help="none: rotations only; zca: centre and whiten each teacher first")
+    c.add_argument("--tol", type=float, default=1e-10,
+                   help="stop when a sweep lowers the objective by less than this fraction")
+    c.add_argument("--max-iter", type=int, default=500, help="most sweeps")
+    c.set_defaults(func=_consensus)

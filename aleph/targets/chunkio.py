@@ -1,0 +1,137 @@
+"""Row blocks in and out of chunk files, for the passes that make targets (extract, consensus).
+
+- `regular_chunks(directory)`: the chunk files of a directory in row order, each checked
+  to be a regular file with os.stat before anything opens it (a FIFO named `x.npy` is
+  refused, never opened, so it cannot hang the pass).
+- `float_blocks(info, rows)`: a chunk's rows as float32 torch blocks (rows x dim), read
+  through the zero-copy mapping of `sources.open_chunk` (.pt only with weights_only=True).
+- `ChunkWriter`: one fp16 output chunk (.npy, .safetensors or .pt by its suffix, the
+  formats `sources.inspect_chunk` reads), filled block by block into a memory-mapped
+  `.NAME.partial` file, fsynced and renamed into place on `commit()`: a reader sees no
+  chunk or a complete one, and a killed pass leaves only the partial, which the next pass
+  overwrites.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from aleph._io import fsync_dir
+from aleph.errors import StoreError
+from aleph.targets.sources import SUFFIXES, ChunkInfo, chunk_files_in, open_chunk
+
+BLOCK_ROWS = 16384  # rows per block: 16384 x 768 x 4 B = 48 MiB of float32 per teacher
+_ST_KEY = "targets"  # the tensor name of a .safetensors output chunk
+
+
+def require_regular(path: str) -> None:
+    """StoreError unless `path` is a regular file (checked with stat, nothing opened)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise StoreError(f"{path}: cannot stat chunk file ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"{path}: not a regular file (a FIFO, device or directory); "
+                         "chunk files must be regular files")
+
+
+def regular_chunks(directory: str | os.PathLike) -> list[str]:
+    """`chunk_files_in(directory)` with every entry checked to be a regular file."""
+    paths = chunk_files_in(directory)
+    for p in paths:
+        require_regular(p)
+    return paths
+
+
+def _as_float32(raw: np.ndarray, dtype: str) -> torch.Tensor:
+    """Raw unsigned rows (n, dim) of `dtype` -> float32 tensor (n, dim), a copy."""
+    raw = np.array(raw)  # a writable contiguous copy out of the (read-only) mapping
+    if dtype == "float32":
+        return torch.from_numpy(raw.view("<f4"))
+    if dtype == "float16":
+        return torch.from_numpy(raw.view("<f2")).float()
+    return torch.from_numpy(raw.view("<i2")).view(torch.bfloat16).float()  # bfloat16
+
+
+def float_blocks(info: ChunkInfo, rows: int = BLOCK_ROWS) -> Iterator[tuple[int, torch.Tensor]]:
+    """(row offset, float32 block (n, dim)) over the chunk's rows, in order."""
+    with open_chunk(info) as raw:
+        for start in range(0, info.rows, rows):
+            yield start, _as_float32(raw[start:start + rows], info.dtype)
+
+
+def take_rows(info: ChunkInfo, index: np.ndarray) -> torch.Tensor:
+    """float32 (len(index), dim): the chunk's rows at the sorted positions `index`."""
+    with open_chunk(info) as raw:
+        return _as_float32(raw[index], info.dtype)
+
+
+def partial_path(path: str) -> str:
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name}.partial")
+
+
+def _safetensors_header(rows: int, dim: int) -> bytes:
+    meta = {_ST_KEY: {"dtype": "F16", "shape": [rows, dim], "data_offsets": [0, rows * dim * 2]}}
+    text = json.dumps(meta, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the format pads its header to 8 bytes
+    return struct.pack("<Q", len(text)) + text
+
+
+class ChunkWriter:
+    """One fp16 output chunk of rows x dim, written block by block, published atomically."""
+
+    def __init__(self, path: str, rows: int, dim: int) -> None:
+        self.path, self.rows, self.dim = path, rows, dim
+        self.suffix = os.path.splitext(path)[1]
+        if self.suffix not in SUFFIXES:
+            raise StoreError(f"{path}: unknown chunk type {self.suffix!r} (expected one of {SUFFIXES})")
+        self.partial = partial_path(path)
+        if self.suffix == ".npy":
+            self._mm = np.lib.format.open_memmap(self.partial, mode="w+", dtype="<f2",
+                                                 shape=(rows, dim))
+            return
+        head = _safetensors_header(rows, dim) if self.suffix == ".safetensors" else b""
+        with open(self.partial, "wb") as f:
+            f.write(head)
+            f.truncate(len(head) + rows * dim * 2)
+        # .pt: the rows go to this raw file first, then torch.save streams them out of it
+        self._mm = np.memmap(self.partial, dtype="<f2", mode="r+", offset=len(head),
+                             shape=(rows, dim))
+
+    def write(self, start: int, block: torch.Tensor) -> None:
+        """Rows start..start+len(block) from a (n, dim) tensor, cast to fp16."""
+        self._mm[start:start + block.shape[0]] = block.to(torch.float16).cpu().numpy()
+
+    def write_rows(self, index, block: torch.Tensor) -> None:
+        """Rows at positions `index` (a list or array, len n) from a (n, dim) tensor."""
+        self._mm[index] = block.to(torch.float16).cpu().numpy()
+
+    def commit(self) -> None:
+        """fsync the rows and rename the chunk into place (then fsync the directory)."""
+        self._mm.flush()
+        src = self.partial
+        if self.suffix == ".pt":
+            src = self.partial + ".save"  # no chunk suffix: never listed as a chunk
+            with open(src, "wb") as f:
+                torch.save(torch.from_numpy(self._mm), f)  # reads the mapped pages, no copy
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            fd = os.open(src, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        del self._mm
+        os.replace(src, self.path)
+        if src != self.partial:
+            os.unlink(self.partial)
+        fsync_dir(os.path.dirname(self.path) or ".")

@@ -1,0 +1,287 @@
+"""`aleph targets extract`: captions -> one fp16 chunk directory per teacher, rows aligned.
+
+Runs in the teacher environment (lockfiles/teachers.txt: transformers 4.x on torch 2.4.1;
+`./aleph-dev extract`, or the `extract-targets` compose service). transformers is imported
+only inside `_load`, so importing this module (or `aleph`) never touches it.
+
+For each chunk c of `chunk_rows` caption rows (rows c*chunk_rows ... in caption order) and
+each teacher: tokenise (truncated to `max_length`; captions sorted by length inside the
+chunk so a batch pads little, rows put back in caption order), run the encoder (bf16 on a
+GPU, fp32 on CPU), mean-pool the last hidden state over the attention mask in fp32,
+L2-normalise, cast to fp16, write `OUT/<teacher>/chunk_<c:05d>.npy` atomically. A chunk
+file that exists is finished (it is only ever renamed into place complete) and is never
+redone; `extract-plan.json` pins the inputs and options a resumed run must match. With
+several GPUs the chunks are dealt out round robin, one process per GPU (`--shard I/N`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from aleph._io import atomic_write_json, read_json, sha256_file
+from aleph.data.captions import open_captions
+from aleph.errors import ConfigError, StoreError
+from aleph.targets.chunkio import ChunkWriter
+from aleph.targets.teachers import (
+    ExtractOptions,
+    TeacherSpec,
+    forward_flops,
+    gpu_hours,
+    parse_teachers,
+)
+from aleph.targets.writer import fault_point
+
+PLAN_FILE = "extract-plan.json"
+RESULT_FILE = "extract.json"
+POOLING = "attention-masked mean of the last hidden state, fp32, then L2-normalised"
+NOT_TEACHER_ENV = ("the teacher models do not load in this environment ({why}); extraction "
+                   "runs in the teacher set (lockfiles/teachers.txt): ./aleph-dev extract ..., "
+                   "or docker compose --profile targets run --rm extract-targets")
+_MODEL_FILES = ("config.json", "model.safetensors")
+_MAX_MODEL_FILE_BYTES = 4 << 30  # refuse (and never hash) anything larger in a model dir
+
+
+def _shard(text: str | None) -> tuple[int, int]:
+    if text is None:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard {text!r}: expected I/N, e.g. 0/2") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ConfigError(f"--shard {text!r}: expected 0 <= I < N")
+    return i, n
+
+
+def resolve(spec: TeacherSpec) -> tuple[str, dict]:
+    """(local model directory, its record: name, revision or file hashes)."""
+    if spec.local:
+        files = {}
+        for name in sorted(os.listdir(spec.name)):
+            p = os.path.join(spec.name, name)
+            st = os.stat(p)
+            if os.path.isfile(p) and st.st_size <= _MAX_MODEL_FILE_BYTES:
+                files[name] = sha256_file(p)
+        missing = [f for f in _MODEL_FILES if f not in files]
+        if missing:
+            raise ConfigError(f"{spec.name}: local teacher lacks {missing} (a model saved with "
+                              "save_pretrained(safe_serialization=True) and its tokenizer)")
+        return spec.name, {"name": spec.name, "local": True, "files_sha256": files}
+    from huggingface_hub import snapshot_download  # the teacher set's hub client
+
+    path = snapshot_download(spec.name, revision=spec.revision, allow_patterns=[
+        "*.json", "*.txt", "*.model", "model.safetensors"])  # no .bin: torch < 2.6 refuses them
+    if not os.path.isfile(os.path.join(path, "model.safetensors")):
+        raise ConfigError(f"{spec.name}@{spec.revision or 'main'}: no model.safetensors "
+                          "(pickled .bin weights are not loaded)")
+    return path, {"name": spec.name, "local": False, "revision": os.path.basename(path)}
+
+
+def require_teacher_env() -> None:
+    """ConfigError (one line) unless transformers' model code imports here (checked before
+    anything is written: the E1 image's transformers 5.x fails on torch 2.4.1)."""
+    try:
+        import transformers.modeling_utils  # noqa: F401  (the module every model class needs)
+    except ImportError as e:
+        raise ConfigError(NOT_TEACHER_ENV.format(why=str(e).splitlines()[0])) from None
+
+
+def _load(path: str, device: torch.device):
+    """(tokenizer, model) of a local model directory, the model in eval mode on `device`."""
+    from transformers import AutoModel, AutoTokenizer  # the teacher environment only
+
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        kind = json.load(f).get("model_type")
+    extra = {"reference_compile": False} if kind == "modernbert" else {}  # eager, reproducible
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModel.from_pretrained(path, torch_dtype=dtype, use_safetensors=True, **extra)
+    return AutoTokenizer.from_pretrained(path), model.to(device).eval()
+
+
+@torch.inference_mode()
+def encode(tok, model, texts: list[str], max_length: int) -> torch.Tensor:
+    """(n, D) float32 L2-normalised mean-pooled embeddings of `texts` (one batch)."""
+    dev = next(model.parameters()).device
+    b = tok(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    ids, mask = b["input_ids"].to(dev), b["attention_mask"].to(dev)  # (n, L)
+    h = model(input_ids=ids, attention_mask=mask).last_hidden_state.float()  # (n, L, D)
+    m = mask.unsqueeze(-1).float()  # (n, L, 1)
+    pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)  # (n, D)
+    return torch.nn.functional.normalize(pooled, dim=1)
+
+
+def encode_chunk(tok, model, texts: list[str], opts: ExtractOptions, writer: ChunkWriter,
+                 chunk: int, progress) -> None:
+    """Encode one chunk's captions in length-sorted batches into `writer`, caption order."""
+    order = sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i))
+    for s in range(0, len(order), opts.batch_size):
+        idx = sorted(order[s:s + opts.batch_size])  # ascending rows: a sequential-ish write
+        writer.write_rows(idx, encode(tok, model, [texts[i] for i in idx], opts.max_length))
+        progress(len(idx))
+        fault_point("extract-batch", chunk)
+    writer.commit()
+
+
+class Progress:
+    """Rows encoded so far vs the run's total, with rate and ETA, on stderr every ~10 s."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.t0, self.last = total, 0, time.monotonic(), 0.0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.last >= 10 or self.done >= self.total:
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / rate if rate else float("inf")
+            print(f"extract: {self.done:,}/{self.total:,} teacher-rows, {rate:,.1f} rows/s, "
+                  f"ETA {eta:,.0f} s", file=sys.stderr, flush=True)
+            self.last = now
+
+
+def estimate(configs: list[dict], rows: int, max_length: int, mean_tokens: float,
+             tflops: float) -> str:
+    """The FLOPs / GPU-hours line printed before a run."""
+    full = sum(forward_flops(c, max_length) for c in configs) * rows
+    mean = sum(forward_flops(c, max(1, round(mean_tokens))) for c in configs) * rows
+    return (f"estimate: {rows:,} rows x {len(configs)} teachers: {full:.3e} FLOP padded to "
+            f"{max_length} tokens = {gpu_hours(full, tflops):,.3g} GPU-hours; at the sampled mean "
+            f"length {mean_tokens:.1f} tokens {mean:.3e} FLOP = "
+            f"{gpu_hours(mean, tflops):,.3g} GPU-hours (at {tflops} TFLOP/s per GPU)")
+
+
+def _plan(captions: str, rows: int, records: list[dict], opts: ExtractOptions,
+          device: torch.device) -> dict:
+    return {"format": "aleph-extract", "format_version": 1, "captions": captions, "rows": rows,
+            "column": opts.column, "max_length": opts.max_length, "chunk_rows": opts.chunk_rows,
+            "pooling": POOLING, "dtype": "float16",
+            "precision": "bfloat16" if device.type == "cuda" else "float32",
+            "teachers": records}
+
+
+def _check_plan(out: Path, plan: dict) -> None:
+    """Write the plan on a fresh OUT; on a resume it must match (else nothing is touched)."""
+    path = out / PLAN_FILE
+    if path.is_file():
+        old = read_json(path)
+        if old != plan:
+            diff = sorted(k for k in plan if old.get(k) != plan.get(k))
+            raise StoreError(f"{path}: the run in {out} used other inputs or options "
+                             f"({', '.join(diff)} differ); use a new --out or the same ones")
+        return
+    if out.exists() and any(out.iterdir()):
+        raise StoreError(f"{out}: not empty and holds no {PLAN_FILE}; choose a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, plan)
+
+
+def chunk_path(out: Path, slug: str, c: int) -> Path:
+    return out / slug / f"chunk_{c:05d}.npy"
+
+
+def _spawn_shards(argv: list[str], n: int) -> int:
+    """One `--shard g/n` process per GPU (CUDA_VISIBLE_DEVICES=g); the worst exit code."""
+    procs = [subprocess.Popen([sys.executable, "-m", "aleph", *argv, "--shard", f"{g}/{n}"],
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": str(g)})
+             for g in range(n)]
+    return max(p.wait() for p in procs)
+
+
+def run_extract(captions: str, out: str | os.PathLike, teachers: str,
+                opts: ExtractOptions) -> int:
+    """The whole pass (module docstring); exit code."""
+    if opts.max_length < 2 or opts.batch_size < 1 or opts.chunk_rows < 1:
+        raise ConfigError("--max-length >= 2, --batch-size >= 1 and --chunk-rows >= 1 expected")
+    shard, shards = _shard(opts.shard)
+    require_teacher_env()
+    out = Path(out).absolute()
+    src = open_captions(captions, opts.column)
+    rows = src.count_rows()
+    if rows == 0:
+        raise StoreError(f"captions {captions}: no rows")
+    specs = parse_teachers(teachers)
+    resolved = [resolve(s) for s in specs]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    plan = _plan(captions, rows, [r for _, r in resolved], opts, device)
+    configs = []
+    for path, _ in resolved:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            configs.append(json.load(f))
+    from transformers import AutoTokenizer  # the teacher environment only
+
+    sample = src.head(1024)
+    toks = [AutoTokenizer.from_pretrained(p) for p, _ in resolved]
+    mean_tokens = sum(len(t(c, truncation=True, max_length=opts.max_length)["input_ids"])
+                      for t in toks for c in sample) / (len(sample) * len(toks))
+    print(estimate(configs, rows, opts.max_length, mean_tokens, opts.assume_tflops),
+          file=sys.stderr, flush=True)
+    if opts.estimate_only:
+        return 0
+    _check_plan(out, plan)
+    n_gpu = torch.cuda.device_count()
+    if opts.shard is None and n_gpu > 1:
+        argv = ["targets", "extract", "--captions", captions, "--out", str(out), "--teachers",
+                teachers, *[a for k, v in dataclasses.asdict(opts).items()
+                            if k not in ("shard", "estimate_only", "consensus_out")
+                            for a in (f"--{k.replace('_', '-')}", str(v))]]
+        rc = _spawn_shards(argv, n_gpu)
+        return rc or _finish(out, plan, specs, opts.consensus_out)
+    n_chunks = math.ceil(rows / opts.chunk_rows)
+    mine = [c for c in range(n_chunks) if c % shards == shard]
+    todo = {c: [i for i, s in enumerate(specs) if not chunk_path(out, s.slug, c).is_file()]
+            for c in mine}
+    left = sum(min(opts.chunk_rows, rows - c * opts.chunk_rows) * len(t) for c, t in todo.items())
+    print(f"extract: {len(mine)} chunks of {n_chunks} in this process, "
+          f"{sum(len(t) == 0 for t in todo.values())} already done", file=sys.stderr)
+    progress = Progress(left)
+    models: dict[int, tuple] = {}
+    for s in specs:
+        (out / s.slug).mkdir(exist_ok=True)
+    c, buf = 0, []
+    for batch in src.batches():
+        buf += batch
+        while len(buf) >= opts.chunk_rows or (buf and c == n_chunks - 1
+                                              and len(buf) == rows - c * opts.chunk_rows):
+            texts, buf = buf[:opts.chunk_rows], buf[opts.chunk_rows:]
+            for i in todo.get(c, []):
+                if i not in models:
+                    models[i] = _load(resolved[i][0], device)
+                dim = models[i][1].config.hidden_size
+                writer = ChunkWriter(str(chunk_path(out, specs[i].slug, c)), len(texts), dim)
+                encode_chunk(*models[i], texts, opts, writer, c, progress)
+            c += 1
+    if c != n_chunks:
+        raise StoreError(f"captions {captions}: read {c} chunks, expected {n_chunks} "
+                         f"({rows:,} rows counted): the source changed while being read")
+    return _finish(out, plan, specs, opts.consensus_out) if shards == 1 else 0
+
+
+def _finish(out: Path, plan: dict, specs: list[TeacherSpec], consensus_out: str | None) -> int:
+    """extract.json once every teacher has every chunk; the teachers' directories listed."""
+    n = math.ceil(plan["rows"] / plan["chunk_rows"])
+    missing = [str(chunk_path(out, s.slug, c)) for s in specs for c in range(n)
+               if not chunk_path(out, s.slug, c).is_file()]
+    if missing:
+        raise StoreError(f"{out}: {len(missing)} chunk(s) missing after the run, first {missing[0]}")
+    atomic_write_json(out / RESULT_FILE, {**plan, "chunks": n,
+                                          "teacher_dirs": [s.slug for s in specs]})
+    dirs = [str(out / s.slug) for s in specs]
+    if consensus_out is None:
+        print(f"{out}: {plan['rows']:,} rows x {len(specs)} teachers in {n} chunks each; next: "
+              f"aleph targets consensus --teachers {' '.join(dirs)} --out {out / 'consensus'}")
+        return 0
+    from aleph.targets.consensus import run_consensus  # numpy/torch only
+
+    r = run_consensus(dirs, consensus_out)
+    print(f"{consensus_out}: {r['rows']:,} x {r['dim']} float16 consensus targets of "
+          f"{len(dirs)} teachers ({r['fit']['iterations']} sweeps)")
+    return 0
