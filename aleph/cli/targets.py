@@ -92,7 +92,9 @@ def _extract(args) -> int:
                           assume_tflops=args.assume_tflops, shard=args.shard,
                           estimate_only=args.estimate_only,
                           consensus_out=args.consensus_out)
-    return run_extract(args.captions, args.out, args.teachers, opts)
+    from aleph.data.captions import open_captions
+
+    return run_extract(args.captions, args.out, args.teachers, opts, open_captions)
 
 
 VERIFY_LEVELS = """\

@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 from aleph._io import atomic_write_json, read_json, sha256_file
-from aleph.data.captions import open_captions
 from aleph.errors import ConfigError, StoreError
 from aleph.targets.chunkio import ChunkWriter
 from aleph.targets.teachers import (
@@ -197,8 +196,10 @@ def _spawn_shards(argv: list[str], n: int) -> int:
 
 
 def run_extract(captions: str, out: str | os.PathLike, teachers: str,
-                opts: ExtractOptions) -> int:
-    """The whole pass (module docstring); exit code."""
+                opts: ExtractOptions, open_captions) -> int:
+    """The whole pass (module docstring); exit code. `open_captions(source, column)` is the
+    caption reader (aleph.data.captions.open_captions, passed in by the CLI: targets does not
+    import data, which reads target chunks for its alignment check)."""
     if opts.max_length < 2 or opts.batch_size < 1 or opts.chunk_rows < 1:
         raise ConfigError("--max-length >= 2, --batch-size >= 1 and --chunk-rows >= 1 expected")
     shard, shards = _shard(opts.shard)
