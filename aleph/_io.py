@@ -138,15 +138,6 @@ def not_regular(path: str | os.PathLike, mode: int) -> OSError:
                    "regular file", str(path))
 
 
-def check_regular(path: str | os.PathLike, *, follow: bool = True) -> os.stat_result:
-    """stat `path` (lstat when follow=False) and refuse anything but a regular file, without
-    opening it: a FIFO is never opened, so it can never block the reader."""
-    st = os.stat(path) if follow else os.lstat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise not_regular(path, st.st_mode)
-    return st
-
-
 def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
     """A read-only fd of a regular file. O_NONBLOCK keeps the open itself from waiting on a
     FIFO; the fstat of what was opened decides (no race with a swap after a stat); with

@@ -22,21 +22,13 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from aleph._io import file_kind as file_kind_of_mode
 from aleph.errors import DataError
 
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")  # what a shard directory may hold
 GZ_INNER = (".txt", ".jsonl")  # what a .gz file may hold
 MAX_LINE_BYTES = 16 << 20  # one caption line or JSONL record, at most
 _GZ_ERRORS = (OSError, EOFError, zlib.error)  # BadGzipFile is an OSError; truncation EOFError
-
-
-def _kind_of_mode(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def check_regular(path: str | os.PathLike, what: str = "captions file") -> os.stat_result:
@@ -49,7 +41,7 @@ def check_regular(path: str | os.PathLike, what: str = "captions file") -> os.st
     except OSError as e:
         raise DataError(f"{what} {path}: cannot stat ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise DataError(f"{what} {path} is {_kind_of_mode(st.st_mode)}; expected a regular file")
+        raise DataError(f"{what} {path} is {file_kind_of_mode(st.st_mode)}; expected a regular file")
     return st
 
 
@@ -65,7 +57,7 @@ def open_regular(path: str | os.PathLike, what: str = "captions file"):
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise DataError(f"{what} {path} is {_kind_of_mode(st.st_mode)}; expected a regular file")
+        raise DataError(f"{what} {path} is {file_kind_of_mode(st.st_mode)}; expected a regular file")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 
