@@ -49,3 +49,8 @@ class NonFiniteError(AlephError):
     """
 
     exit_code = 65  # EX_DATAERR: the numbers went bad, distinct from config (2) and lock (75)
+
+
+class PeerLost(RuntimeError):
+    """A rank of a distributed launch stopped answering (its heartbeat in the c10d store
+    stalled, or the store itself went away). Not a refusal: the launch failed (exit 1)."""

@@ -16,7 +16,7 @@ import pkgutil
 import sys
 
 from aleph import __version__
-from aleph.errors import AlephError
+from aleph.errors import AlephError, PeerLost
 
 
 def _command_modules() -> list[str]:
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except PeerLost as e:  # another rank stopped answering: one line, not a traceback
+        print(f"aleph {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         # Backstop: a file the user named (or the work root) that cannot be read or written
         # is a user-facing condition; name it in one line instead of a traceback.

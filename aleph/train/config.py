@@ -193,6 +193,10 @@ class TrainConfig:
     """TensorBoard scalar cadence in steps (health gauges at the same cadence)."""
     progress_every_seconds: float = knob(30.0, resumable=True, basis=False)
     """Console progress/ETA line cadence."""
+    collective_timeout_s: float = knob(600.0, resumable=True, basis=False, added=21600.0)
+    """Under torchrun: a collective that waits longer than this fails, naming the rank that
+    stopped answering (by its heartbeat in the c10d store). Rank 0's long one-off work
+    (store builds, resume-state saves) is waited for by polling, so it never trips this."""
     heartbeat_seconds: float = knob(5.0, resumable=True, basis=False)
     """Rewrite launches/<launch id>.heartbeat.json (step, RSS, memory cgroup usage, limit and
     OOM-kill counter) every this many seconds, so the next launch can say how a launch that
@@ -236,7 +240,8 @@ def _check_values(c: TrainConfig) -> None:
     for name in positive:
         if getattr(c, name) <= 0:
             raise bad(name, "a positive integer")
-    for name in ("lr", "tau", "eps", "address_tau", "progress_every_seconds", "heartbeat_seconds"):
+    for name in ("lr", "tau", "eps", "address_tau", "progress_every_seconds", "heartbeat_seconds",
+                 "collective_timeout_s"):
         if not getattr(c, name) > 0:
             raise bad(name, "a positive number")
     nonneg = ("seed", "warmup_steps", "max_steps", "ckpt_every_steps", "weights_every_steps",

@@ -16,14 +16,17 @@ the same update as one process with the whole batch, within float tolerance.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from aleph.errors import ConfigError
+from aleph.errors import ConfigError, PeerLost
+from aleph.train.peers import Peers
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class World:
     """Rank on this node (picks the CUDA device)."""
     collective_device: str = "cpu"
     """Where small control tensors live for collectives: NCCL only moves CUDA tensors."""
+    peers: Peers | None = field(default=None, compare=False, repr=False)
+    """Heartbeats and the polling barrier (None in a world of one)."""
 
     @property
     def is_main(self) -> bool:
@@ -47,9 +52,43 @@ class World:
     def distributed(self) -> bool:
         return self.size > 1
 
-    def barrier(self) -> None:
-        if self.distributed:
-            dist.barrier()
+    def barrier(self, what: str, log: Callable[[str], None]) -> None:
+        """Every rank reaches this point; waits by polling (a long wait never trips the
+        collective timeout), and raises PeerLost naming a rank that stopped beating."""
+        if self.peers is not None:
+            self.peers.barrier(what, log)
+
+    def on_main(self, what: str, fn: Callable[[], Any], log: Callable[[str], None],
+                share: Callable[[Any], Any] = lambda result: result) -> Any:
+        """fn() on rank 0 while the others wait in the polling barrier: rank 0 gets fn's
+        result, the others share(result); its exception is raised on every rank (so all
+        stop alike)."""
+        if not self.distributed:
+            return fn()
+        result, outcome = None, (True, None)
+        if self.is_main:
+            try:
+                result = fn()
+                outcome = (True, share(result))
+            except BaseException as e:  # a stop too: re-raised below, here and on the others
+                outcome = (False, e)
+        self.barrier(what, log)
+        ok, value = self.broadcast_object(outcome)
+        if not ok:
+            raise value
+        return result if self.is_main else value
+
+    def failure_note(self, e: BaseException) -> str | None:
+        """One line for a failed collective: which ranks stopped beating, if any did."""
+        if self.peers is None or isinstance(e, PeerLost) or not isinstance(e, RuntimeError):
+            return None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        silent = self.peers.silent()
+        if not silent:
+            return None
+        names = ", ".join(f"rank {r} (no heartbeat for {s:.0f} s)" for r, s in silent)
+        return (f"{names} stopped answering: a collective on rank {self.rank} failed after "
+                f"collective_timeout_s={self.peers.timeout_s:g} ({first})")
 
     def broadcast_object(self, obj: Any = None) -> Any:
         """Rank 0's `obj` on every rank."""
@@ -92,6 +131,8 @@ class World:
         return torch.cat(parts, dim=0)
 
     def shutdown(self) -> None:
+        if self.peers is not None:
+            self.peers.close()
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -106,8 +147,9 @@ def _env_int(name: str) -> int | None:
         raise ConfigError(f"environment variable {name}={value!r}: expected an integer") from None
 
 
-def init_world(device_kind: str) -> World:
-    """World from torchrun's environment (size 1 without it); joins the process group."""
+def init_world(device_kind: str, timeout_s: float) -> World:
+    """World from torchrun's environment (size 1 without it); joins the process group, whose
+    collectives time out after `timeout_s` (config field collective_timeout_s)."""
     size = _env_int("WORLD_SIZE") or 1
     if size == 1:
         return World()
@@ -117,10 +159,15 @@ def init_world(device_kind: str) -> World:
     backend = "nccl" if device_kind == "cuda" else "gloo"
     if device_kind == "cuda":
         torch.cuda.set_device(local)
-    # Generous timeout: rank 0 may build a 49 GB target store while the others wait.
-    dist.init_process_group(backend=backend, timeout=timedelta(hours=6))
+    # Short: a hung rank is found in minutes. Rank 0's long one-off work (a 49 GB store
+    # build) is waited for in World.on_main's polling barrier, never in a collective.
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     device = f"cuda:{local}" if device_kind == "cuda" else "cpu"
-    return World(rank=rank, size=size, local_rank=local, collective_device=device)
+    world = World(rank=rank, size=size, local_rank=local, collective_device=device)
+    # A prefix per launch: torchrun's agent store outlives a restarted attempt's keys.
+    prefix = f"aleph/{world.broadcast_object(secrets.token_hex(8))}/"
+    peers = Peers(dist.distributed_c10d._get_default_store(), prefix, rank, size, timeout_s)
+    return World(rank=rank, size=size, local_rank=local, collective_device=device, peers=peers)
 
 
 def check_divisible(batch_size: int, world: World) -> int:

@@ -130,13 +130,17 @@ def after_step(t: Trainer, stop: StopFlag, clock: Clock) -> tuple[bool, bool]:
 def save_state(t: Trainer) -> None:
     """Collective: every rank contributes its RNG state; rank 0 writes."""
     rngs = t.world.gather_objects(ckpt.rng_state(t.device))
-    if t.world.is_main:
+
+    def save() -> None:
         path = ckpt.save(t.run_dir, t.model, t.opt, t.sched, t.pos, rngs,
                          sha256_json(to_dict(t.cfg)), t.cfg.keep_checkpoints)
         t.log(f"resume state saved: {path.relative_to(t.run_dir)} (step {t.pos.step}, "
               f"samples {t.pos.samples_seen})")
         if t.syncer is not None:  # a complete state: sync if due (background)
             t.syncer.saved(t.pos.step)
+
+    # The others poll meanwhile: a save to a slow disk never trips the collective timeout.
+    t.world.on_main(f"saving the resume state of step {t.pos.step}", save, t.log)
 
 
 def finish(t: Trainer, rep: Reporter | None) -> None:
@@ -173,6 +177,7 @@ def start_prefetch(t: Trainer) -> prefetch.Prefetcher:
             t.log(prefetch.warm_target_store(t.targets, t.sources.targets, headroom))
         except (AlephError, OSError) as e:  # a hint: the gathers read the store anyway
             t.log(f"target store prefault: skipped ({e})")
+    t.world.barrier("the target store prefault", t.log)  # minutes at E1's size: poll for it
     source = prefetch.BatchSource(t.tokens, t.targets, t.order, t.world, t.device, t.cfg.compile)
     return prefetch.Prefetcher(source, t.total_steps)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from aleph._io import atomic_write_json, read_json
-from aleph.errors import AlephError, ConfigError, RunLocked
+from aleph.errors import AlephError, ConfigError, PeerLost, RunLocked
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
 from aleph.record.launch import choose_action
@@ -61,7 +61,7 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
         os.environ["HF_TOKEN"] = cfg.hf_token
     if cfg.deterministic and wants_cuda:  # must precede the first cuBLAS handle
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    world = init_world("cuda" if wants_cuda else "cpu")
+    world = init_world("cuda" if wants_cuda else "cpu", cfg.collective_timeout_s)
     lock, stop = None, None
     try:
         check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
@@ -96,18 +96,12 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
 def _checked_inputs(cfg: TrainConfig, world: World) -> preflight.Inputs:
     """Rank 0 checks the inputs (preflight.check_inputs); every rank gets its sources or
     raises rank 0's refusal, so all ranks stop alike and nothing has been written."""
-    if world.is_main:
-        try:
-            inputs = preflight.check_inputs(cfg, say=_console)
-        except (AlephError, OSError) as e:
-            world.broadcast_object(e)
-            raise
-        world.broadcast_object(inputs.sources)
-        return inputs
-    got = world.broadcast_object(None)
-    if isinstance(got, BaseException):
-        raise got
-    return preflight.Inputs(got)
+    def waiting(line: str) -> None:
+        print(f"aleph train: rank {world.rank}: {line}", flush=True)
+
+    got = world.on_main("checking the inputs", lambda: preflight.check_inputs(cfg, say=_console),
+                        waiting, share=lambda inputs: inputs.sources)
+    return got if world.is_main else preflight.Inputs(got)
 
 
 def _console(line: str) -> None:
@@ -170,8 +164,11 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
         stop.set_mode("flag")
         error, refused = e, isinstance(e, AlephError)
         exit_status = e.exit_code if refused else (130 if isinstance(e, KeyboardInterrupt) else 1)
-        note = f"{type(e).__name__}: {e}"
+        lost = world.failure_note(e)  # a collective timed out: name the silent rank
+        note = lost or f"{type(e).__name__}: {e}"
         log(f"launch failed: {note}")
+        if lost:
+            raise PeerLost(lost) from e
         raise
     finally:
         _end(manifest, monitor, tracer, launch_id, exit_status, status, note, refused)

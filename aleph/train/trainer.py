@@ -185,18 +185,18 @@ def _estimate_vram(cfg: TrainConfig, world: World, device: torch.device, tokeniz
 def find_resume(cfg: TrainConfig, world: World, run_dir: Path, log) -> str | None:
     """The newest intact complete state, verified by rank 0 (older ones on failure), after
     removing the trainer's own leftovers of killed saves and pruning beyond keep_checkpoints."""
-    found = None
-    if world.is_main:
+    def verify() -> tuple[str, dict] | None:
         removed = ckpt.remove_incomplete(run_dir, log)
         if removed:
             log(f"removed incomplete resume state(s) of a killed save: {', '.join(removed)}")
         latest = ckpt.find_resume(run_dir, log)
-        found = (str(latest[0]), latest[1]) if latest else None
         pruned = ckpt.prune(run_dir, cfg.keep_checkpoints)
         if pruned:
             log(f"pruned resume state(s) beyond keep_checkpoints={cfg.keep_checkpoints}"
                 f" (left by an earlier launch): {', '.join(pruned)}")
-    found = world.broadcast_object(found)  # every rank resumes from the same step
+        return (str(latest[0]), latest[1]) if latest else None
+
+    found = world.on_main("verifying the resume states", verify, log)  # one step for all
     if found is None:
         log("resume: fresh start")
         return None
@@ -214,8 +214,7 @@ def prepare_data(cfg: TrainConfig, world: World, inputs: preflight.Inputs, token
     from aleph.data.tokens import open_token_store
     from aleph.targets import open_store
 
-    info = None
-    if world.is_main:
+    def build() -> tuple:
         monitor.phase = "targets"
         preflight_pause("targets", log, stop)
         targets = preflight.prepare_targets(cfg, inputs.sources.targets, world, log)
@@ -226,9 +225,16 @@ def prepare_data(cfg: TrainConfig, world: World, inputs: preflight.Inputs, token
             known = (inputs.captions_sha256, inputs.captions)
         tokens = preflight.prepare_tokens(cfg, inputs.sources, tokenizer, log, known)
         inputs.captions = None  # the token store holds them now
+        return tokens, targets
+
+    # Others poll while rank 0 builds (hours at E1's size): never a collective's timeout.
+    got = world.on_main("building the target and token stores", build, log,
+                        share=lambda b: (str(b[0].path), str(b[1].store_dir), b[1].implementation))
+    if world.is_main:
+        tokens, targets = got
         info = (str(tokens.path), str(targets.store_dir), targets.implementation)
-    info = world.broadcast_object(info)
-    if not world.is_main:
+    else:
+        info = got
         tokens, targets = open_token_store(info[0]), open_store(info[1], info[2])
     check_aligned(tokens.rows, targets.rows, f"token store {info[0]}", f"target store {info[1]}")
     return tokens, targets
