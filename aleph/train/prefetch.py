@@ -93,8 +93,8 @@ def fixed_length(ids: torch.Tensor, mask: torch.Tensor, length: int,
 
 
 
-Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-"""(ids (b, L) long, mask (b, L) bool, target (b, D))."""
+Batch = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]
+"""(ids (b, L) long, mask (b, L) bool or None when no slot is padding, target (b, D))."""
 
 
 class BatchSource:
@@ -110,20 +110,29 @@ class BatchSource:
 
     def host(self, epoch: int, batch: int) -> Batch:
         """Rows of global batch `batch` of `epoch` for this rank; L is the batch's longest
-        row, rounded up to a multiple of 16 (at most max_len) when fixed_len."""
+        row, rounded up to a multiple of 16 (at most max_len) when fixed_len.
+
+        Eager, a batch without padding gets no mask, so attention gets none and SDPA may
+        pick its flash kernel (the host tensor is read here, in the worker: no device sync).
+        Compiled, the mask stays: a second graph per bucket width would crowd dynamo's
+        cache of 8, for batches that are rare once padded to a bucket.
+        """
         self.mapped.check(epoch, batch)
         idx = self.order.indices(epoch, batch, self.world)  # (B / W,)
         ids, mask = self.tokens.gather(idx)  # (b, L') each
         if self.fixed_len:
             width = bucket_width(ids.shape[1], self.tokens.max_len)
             ids, mask = fixed_length(ids, mask, width, self.tokens.pad_id)
+        elif bool(mask.all()):
+            mask = None
         target = self.targets.gather(idx, pin=self.pin)  # (b, D)
         if self.pin:
-            ids, mask = ids.pin_memory(), mask.pin_memory()
+            ids = ids.pin_memory()
+            mask = None if mask is None else mask.pin_memory()
         return ids, mask, target
 
     def to_device(self, batch: Batch) -> Batch:
-        return tuple(t.to(self.device, non_blocking=True) for t in batch)
+        return tuple(None if t is None else t.to(self.device, non_blocking=True) for t in batch)
 
 
 class MappedFiles:

@@ -38,7 +38,7 @@ def train_step(t: Trainer, batch: Batch) -> StepResult:
     all-reduced gradients, so every rank sees the same values and raises together.
     """
     cfg, world, device, model, opt = t.cfg, t.world, t.device, t.net, t.opt
-    ids, mask, target = batch  # (b, L) long, (b, L) bool, (b, D); b = B / W
+    ids, mask, target = batch  # (b, L) long, (b, L) bool or None (no padding), (b, D); b = B / W
     use_bf16 = device.type == "cuda" and cfg.bf16
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
         student = model(ids, mask)  # (b, D) with b = B / W

@@ -144,8 +144,11 @@ def test_compiled_batches_are_bucketed_to_16_and_trimmed_otherwise(tmp_path):
         seen = []
         for b in range(order.steps_per_epoch):
             ids, mask, target = source.to_device(source.host(0, b))
-            assert ids.shape == mask.shape and target.shape == (4, 768)
             trimmed_ids, trimmed_mask = tokens.gather(order.indices(0, b, World()))
+            if mask is None:  # eager, and no row of this batch is padded
+                assert not compiled and trimmed_mask.all()
+                mask = torch.ones_like(ids, dtype=torch.bool)
+            assert ids.shape == mask.shape and target.shape == (4, 768)
             width = trimmed_ids.shape[1]
             assert torch.equal(ids[:, :width], trimmed_ids) and torch.equal(mask[:, :width], trimmed_mask)
             assert (ids[:, width:] == tokens.pad_id).all() and not mask[:, width:].any()
@@ -153,6 +156,42 @@ def test_compiled_batches_are_bucketed_to_16_and_trimmed_otherwise(tmp_path):
         widths[compiled] = set(seen)
     assert len(widths[False]) > 1  # trimmed to each batch's longest row: the length varies
     assert widths[True] == {16}  # compiled: rows of 3..9 tokens, one bucket (not max_len 40)
+
+
+def test_an_unpadded_batch_goes_without_a_mask_and_trains_alike(tmp_path):
+    """Eager: rows all of one length give mask None (attention then gets no mask, so SDPA
+    may pick its flash kernel on a GPU); the step's loss and update equal the masked ones."""
+    from types import SimpleNamespace
+
+    from aleph.data.tokenizer import load_tokenizer, train_wordpiece
+    from aleph.data.tokens import build_token_store
+    from aleph.train.prefetch import BatchSource
+
+    captions = [f"cat sat on mat {w}" for w in ("red", "blue", "big", "old")] * 4
+    train_wordpiece(captions, tmp_path / "tok")
+    tokens = build_token_store(captions, load_tokenizer(tmp_path / "tok"), tmp_path / "s", 12)
+    targets = SimpleNamespace(gather=lambda idx, pin: torch.randn(len(idx), 768,
+                                                                  generator=torch.Generator().manual_seed(1)),
+                              implementation="in_ram")
+    order = DataOrder(0, tokens.rows, 8)
+    eager = BatchSource(tokens, targets, order, World(), torch.device("cpu"), False)
+    compiled = BatchSource(tokens, targets, order, World(), torch.device("cpu"), True)
+    ids, mask, target = eager.host(0, 0)
+    assert mask is None and ids.shape[1] == tokens.gather(order.indices(0, 0, World()))[1].shape[1]
+    assert compiled.host(0, 0)[1] is not None  # one graph per bucket width: the mask stays
+
+    cfg = resolve("smoke", arm="a2_dense")
+    results = []
+    for m in (None, torch.ones_like(ids, dtype=torch.bool)):
+        torch.manual_seed(0)  # the same init and dropout draws for both
+        model = build_model(ModelConfig(arm="a2_dense", vocab_size=len(load_tokenizer(tmp_path / "tok")),
+                                        max_len=12, d_model=16, n_layers=1, n_heads=2, ffn_dense=32))
+        t = step_trainer(cfg, model, 10)
+        res = train_step(t, (ids, m, target))
+        results.append((res.loss, res.grad_norm, [p.detach().clone() for p in t.net.parameters()]))
+    (l0, n0, p0), (l1, n1, p1) = results
+    assert l0 == pytest.approx(l1, abs=1e-6) and n0 == pytest.approx(n1, abs=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(p0, p1, strict=True))
 
 
 def test_fixed_length_refuses_a_batch_longer_than_max_len():
