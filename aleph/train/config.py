@@ -193,6 +193,12 @@ class TrainConfig:
     """TensorBoard scalar cadence in steps (health gauges at the same cadence)."""
     progress_every_seconds: float = knob(30.0, resumable=True, basis=False)
     """Console progress/ETA line cadence."""
+    defer_step_sync: bool = knob(False, resumable=True, basis=False, added=False)
+    """CUDA (fused AdamW): read each step's loss and gradient norm during the next step
+    instead of before its own update, so the GPU queue never drains; a non-finite step is
+    skipped on the device and raised before the next update. Same values either way. Off
+    until bench/gpu_check.py's `deferred sync` item shows it faster on the GPU; no effect on
+    CPU (the single-tensor AdamW there has no device-side skip)."""
     collective_timeout_s: float = knob(600.0, resumable=True, basis=False, added=21600.0)
     """Under torchrun: a collective that waits longer than this fails, naming the rank that
     stopped answering (by its heartbeat in the c10d store). Rank 0's long one-off work

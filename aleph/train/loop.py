@@ -4,6 +4,7 @@
       while t.pos.step < t.total_steps:
         batch = prefetcher.take(...)        # gathered while the previous step ran (prefetch.py)
         train_step(t, batch)                # forward, loss, checked update (step.py)
+                                            # (defer_step_sync: returns the step before)
         t.pos = advance(...)                # the data position a resume state records
         progress, resume states, weights    # on their cadences (after_step)
         stop?                               # SIGTERM/SIGINT: save, exit 0 (signals.py)
@@ -25,7 +26,7 @@ from aleph.train import outputs, prefetch
 from aleph.train.config import to_dict
 from aleph.train.progress import Reporter
 from aleph.train.signals import PAUSE_ENV, StopFlag, pause_step
-from aleph.train.step import advance, train_step
+from aleph.train.step import StepResult, advance, deferring, settle, train_step
 from aleph.train.trainer import Trainer
 
 # The executed-code tracer (aleph.record.fingerprint) covers the CLI, preflight and this
@@ -48,6 +49,9 @@ def train_loop(t: Trainer) -> tuple[str, str]:
         t.log(f"run already complete at step {t.pos.step}; nothing to train")
         finish(t, None)
         return "complete", outputs.NOTHING_TO_TRAIN
+    if t.cfg.defer_step_sync:
+        t.log("defer_step_sync: " + ("on: each step's loss and gradient norm are read during the next step"
+                                     if deferring(t) else "no effect here: it needs fused AdamW (CUDA)"))
     rep, clock = Reporter(t, t.pos.step), Clock(t.pos.train_seconds)
     pause = pause_step()
     traced_until = t.pos.step + TRACED_STEPS
@@ -57,22 +61,25 @@ def train_loop(t: Trainer) -> tuple[str, str]:
         batches = start_prefetch(t)
         while t.pos.step < t.total_steps:
             n = t.pos.step + 1  # the bank's health gauges only on the steps that log them
-            t.model.set_gauges(n % t.cfg.log_every_steps == 0 or n == t.total_steps)
+            logs = n % t.cfg.log_every_steps == 0 or n == t.total_steps
+            t.model.set_gauges(logs)
             res = train_step(t, batches.take(t.pos.epoch, t.pos.batch_in_epoch, t.pos.step))
             t.pos = advance(t.pos, t.order.steps_per_epoch, t.cfg.batch_size, clock.train_seconds())
             t.monitor.step = t.pos.step
             if t.pos.step == traced_until:
                 close_trace_window(t)
             with t.tracer.during():  # the rare events: logging, saves, stop
-                rep.after_step(t.pos.step, res)
-                saved, stopping = after_step(t, stop, clock)
+                now = settle(t) if logs else None  # deferred: a logged step is read at once
+                report(rep, res, now)
+                saved, stopping, late = after_step(t, stop, clock)
+                report(rep, late)
             if pause is not None and t.pos.step == pause:
                 wait_for_signal(t, stop, rep, batches)
                 stopping = t.world.any_flag(stop.is_set())[0]
             if stopping and t.pos.step < t.total_steps:
                 with t.tracer.during():
                     if not saved:
-                        save_state(t)
+                        report(rep, save_state(t))
                     if t.world.is_main:
                         rep.write_metrics(t.pos.step)
                 who = stop.signame or "a signal on another rank"
@@ -102,8 +109,16 @@ class Clock:
         return (time.monotonic() - self.last_save) / 60
 
 
-def after_step(t: Trainer, stop: StopFlag, clock: Clock) -> tuple[bool, bool]:
-    """Resume state and periodic weights on their cadences; returns (saved, stop requested).
+def report(rep: Reporter, *results: StepResult | None) -> None:
+    """Hand the steps whose values are known to the reporter (None: nothing new yet)."""
+    for res in results:
+        if res is not None:
+            rep.after_step(res.step, res)
+
+
+def after_step(t: Trainer, stop: StopFlag, clock: Clock) -> tuple[bool, bool, StepResult | None]:
+    """Resume state and periodic weights on their cadences; returns (saved, stop requested,
+    the step a save read under defer_step_sync).
 
     Ranks agree on the time-based save and on stopping (one tiny all-reduce), since the
     clocks and the signal arrival differ per process and the save is a collective. Reading
@@ -117,18 +132,21 @@ def after_step(t: Trainer, stop: StopFlag, clock: Clock) -> tuple[bool, bool]:
     time_due = stopping = False
     if not t.world.distributed or step_due or step % AGREE_EVERY_STEPS == 0:
         time_due, stopping = t.world.any_flag(minutes_due, stop.is_set())
-    saved = False
+    saved, late = False, None
     if (step_due or time_due) and step < t.total_steps:  # the last step is saved by finish()
-        save_state(t)
+        late = save_state(t)
         saved, clock.last_save = True, time.monotonic()
     if (t.world.is_main and cfg.weights_every_steps and step < t.total_steps
             and step % cfg.weights_every_steps == 0):  # the last step is weights/final
         save_weights(t.model, RunLayout(t.run_dir).step_weights(step))
-    return saved, stopping
+    return saved, stopping, late
 
 
-def save_state(t: Trainer) -> None:
-    """Collective: every rank contributes its RNG state; rank 0 writes."""
+def save_state(t: Trainer) -> StepResult | None:
+    """Collective: every rank contributes its RNG state; rank 0 writes. First reads the
+    step still in flight (defer_step_sync), so a non-finite one raises before any save;
+    returns it."""
+    late = settle(t)
     rngs = t.world.gather_objects(ckpt.rng_state(t.device))
 
     def save() -> None:
@@ -141,10 +159,14 @@ def save_state(t: Trainer) -> None:
 
     # The others poll meanwhile: a save to a slow disk never trips the collective timeout.
     t.world.on_main(f"saving the resume state of step {t.pos.step}", save, t.log)
+    return late
 
 
 def finish(t: Trainer, rep: Reporter | None) -> None:
     """Final resume state, final weights, metrics (rank 0 writes; all ranks join collectives)."""
+    late = settle(t)  # the loop reads the last step itself; this covers any other way here
+    if rep is not None:
+        report(rep, late)
     done = ckpt.latest(t.run_dir) if t.world.is_main else None
     have = t.world.broadcast_object(done is not None and done[1]["step"] == t.pos.step)
     if not have:

@@ -73,6 +73,8 @@ class Trainer:
     targets: Any = None
     """The target store (aleph.targets.TargetStore)."""
     tokenizer: Any = None
+    pending: Any = None
+    """Under defer_step_sync, the step whose stats are still on their way (step.InFlight)."""
 
 
 def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, log,

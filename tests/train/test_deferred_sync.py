@@ -1,0 +1,129 @@
+"""defer_step_sync (aleph.train.step): the same values as the checked-first step, read one
+step late; a non-finite step is skipped by fused AdamW's found_inf and raised before the next
+update. Run on CPU with torch 2.4's fused CPU AdamW, which takes found_inf like the CUDA one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from aleph.errors import NonFiniteError
+from aleph.model import ModelConfig, build_model
+from aleph.train.config import resolve
+from aleph.train.optim import make_scheduler
+from aleph.train.step import deferring, settle, train_step
+from aleph.train.trainer import step_trainer
+
+STEPS = 6
+
+
+def _trainer(defer: bool):
+    cfg = dataclasses.replace(resolve("smoke", arm="a1_anchored"), defer_step_sync=defer,
+                              dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arm="a1_anchored", vocab_size=50, max_len=8, d_model=16,
+                                    n_layers=1, n_heads=2, ffn_expert=8, n_anchors=4, dropout=0.0))
+    t = step_trainer(cfg, model, 10)
+    # the fused kernel on both sides: the comparison is deferred vs checked-first only
+    t.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+    t.sched = make_scheduler(t.opt, cfg, 10)
+    return t
+
+
+def _batches():
+    g = torch.Generator().manual_seed(3)
+    for _ in range(STEPS):
+        ids = torch.randint(5, 50, (4, 8), generator=g)
+        target = torch.nn.functional.normalize(torch.randn(4, 768, generator=g), dim=-1)
+        yield ids, None, target
+
+
+def _advance(t):
+    t.pos = dataclasses.replace(t.pos, step=t.pos.step + 1)
+
+
+def test_deferred_steps_give_the_same_values_one_step_late():
+    plain, deferred = _trainer(False), _trainer(True)
+    assert not deferring(plain) and deferring(deferred)
+    got_plain, got_deferred = [], []
+    for batch in _batches():
+        got_plain.append(train_step(plain, batch))
+        _advance(plain)
+        got_deferred.append(train_step(deferred, batch))
+        _advance(deferred)
+    got_deferred.append(settle(deferred))
+    assert got_deferred[0] is None  # nothing was in flight before the first step
+    assert [r.step for r in got_plain] == [r.step for r in got_deferred[1:]] == list(range(1, STEPS + 1))
+    assert [dataclasses.astuple(r) for r in got_plain] == [dataclasses.astuple(r) for r in got_deferred[1:]]
+    for a, b in zip(plain.model.parameters(), deferred.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert settle(deferred) is None
+
+
+def test_a_non_finite_step_is_skipped_on_the_device_and_raised_before_the_next_update():
+    t = _trainer(True)
+    batches = list(_batches())
+    train_step(t, batches[0])
+    _advance(t)
+    before = [p.detach().clone() for p in t.model.parameters()]
+    steps_before = [t.opt.state[p]["step"].clone() for p in t.model.parameters()]
+    ids, mask, _ = batches[1]
+    bad = torch.full((4, 768), float("nan"))
+    assert train_step(t, (ids, mask, bad)).step == 1  # step 2 is in flight, step 1 read fine
+    _advance(t)
+    # found_inf skipped step 2's update: weights and AdamW's step counters unchanged
+    assert all(torch.equal(a, b) for a, b in zip(before, t.model.parameters(), strict=True))
+    assert all(torch.equal(t.opt.state[p]["step"], s)
+               for p, s in zip(t.model.parameters(), steps_before, strict=True))
+    with pytest.raises(NonFiniteError, match=r"^step 2: loss is nan .*no update was made"):
+        train_step(t, batches[2])  # read before step 3's update
+    assert all(torch.equal(a, b) for a, b in zip(before, t.model.parameters(), strict=True))
+    assert all(p.grad is None for p in t.model.parameters())  # nothing left for a later step
+
+
+def test_without_the_fused_optimiser_the_step_checks_first_as_before():
+    t = _trainer(True)
+    t.opt = torch.optim.AdamW(t.model.parameters(), lr=t.cfg.lr)  # CPU default: single-tensor
+    t.sched = make_scheduler(t.opt, t.cfg, 10)
+    assert not deferring(t)
+    batch = next(_batches())
+    assert train_step(t, batch).step == 1 and t.pending is None
+
+
+def test_a_deferred_launch_logs_saves_and_ends_like_a_checked_first_one(train_work, monkeypatch):
+    """Whole launches (in this process) with fused AdamW forced on CPU: with and without
+    defer_step_sync, the same losses at the same logged steps, the same resume states and
+    final weights; the deferred launch says it deferred."""
+    from aleph.model.io import load_model
+    from aleph.train import trainer as trainer_mod
+    from aleph.train.optim import make_optimizer
+    from aleph.train.run import run_dir_for, train
+    from tests.train.conftest import SMOKE_ROWS, tb_scalars
+
+    def fused(model, cfg):
+        opt = make_optimizer(model, cfg)
+        for g in opt.param_groups:
+            g["fused"], g["foreach"] = True, False
+        return opt
+
+    monkeypatch.setenv("ALEPH_WORK", str(train_work))
+    monkeypatch.setattr(trainer_mod, "make_optimizer", fused)
+    runs = {}
+    for defer in (False, True):
+        cfg = resolve("smoke", arm="a1_anchored", seed=7, overrides=[
+            f"smoke_rows={SMOKE_ROWS}", "batch_size=64", "max_steps=7", "log_every_steps=3",
+            "ckpt_every_steps=4", "dropout=0", f"defer_step_sync={str(defer).lower()}"])
+        assert train(cfg, name=f"defer-{defer}") == 0
+        runs[defer] = run_dir_for(cfg, f"defer-{defer}")
+    log = next((runs[True] / "launches").glob("*.log")).read_text()
+    assert "defer_step_sync: on: each step's loss and gradient norm are read during the next step" in log
+    plain, deferred = tb_scalars(runs[False]), tb_scalars(runs[True])
+    assert [s for s, _ in deferred["train/loss"]] == [s for s, _ in plain["train/loss"]] == [3, 6, 7]
+    assert deferred["train/loss"] == plain["train/loss"]
+    assert sorted(p.name for p in (runs[True] / "checkpoints").iterdir()) == \
+        sorted(p.name for p in (runs[False] / "checkpoints").iterdir())
+    a = load_model(runs[False] / "weights" / "final").state_dict()
+    b = load_model(runs[True] / "weights" / "final").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
