@@ -56,15 +56,43 @@ def sbom_image_digests(doc: dict) -> list[str]:
             for c in pkg.get("checksums", []) if c.get("algorithm") == "SHA256"]
 
 
-def sbom_python_packages(doc: dict) -> dict[str, set[str]]:
-    """name -> versions of the SPDX document's `pkg:pypi/` packages (by their purl)."""
+MANIFEST = re.compile(r"(/[^,\s]*?)/[^/,\s]+\.(?:dist-info|egg-info)(?:/|$)")
+"""Where syft's sourceInfo names a package's metadata: `.../<dir>/<name>.dist-info/METADATA`."""
+
+
+def vendored_in(pkg: dict) -> str | None:
+    """The directory a package's metadata lies in when that is not an install location
+    (site-packages, dist-packages): a copy vendored inside another package, e.g.
+    `tensorboard/_vendor/bleach/_vendor/html5lib-1.1.dist-info`, never installed by pip.
+    None for an installed package (or one whose source syft does not say)."""
+    m = MANIFEST.search(pkg.get("sourceInfo") or "")
+    if m is None:
+        return None
+    parent = m.group(1)
+    if parent.rsplit("/", 1)[-1] in ("site-packages", "dist-packages"):
+        return None
+    for marker in ("/site-packages/", "/dist-packages/"):  # shorten to the package's own path
+        if marker in parent:
+            return parent.split(marker, 1)[1]
+    return parent
+
+
+def sbom_python_packages(doc: dict) -> tuple[dict[str, set[str]], list[str]]:
+    """(name -> versions of the SPDX document's installed `pkg:pypi/` packages (by purl),
+    "name version (in DIR)" of those vendored inside another package)."""
     found: dict[str, set[str]] = {}
+    vendored: list[str] = []
     for pkg in doc.get("packages", []):
         for ref in pkg.get("externalRefs", []):
             m = re.fullmatch(r"pkg:pypi/([^@?#]+)@([^?#]+)(?:[?#].*)?", ref.get("referenceLocator", ""))
             if ref.get("referenceType") == "purl" and m:
-                found.setdefault(norm(unquote(m.group(1))), set()).add(unquote(m.group(2)))
-    return found
+                name, version = norm(unquote(m.group(1))), unquote(m.group(2))
+                inside = vendored_in(pkg)
+                if inside is None:
+                    found.setdefault(name, set()).add(version)
+                else:
+                    vendored.append(f"{name} {version} (in {inside})")
+    return found, sorted(vendored)
 
 
 def sbom_vs_pins(found: dict[str, set[str]], pins: dict[str, str]) -> list[str]:

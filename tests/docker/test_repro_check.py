@@ -196,8 +196,9 @@ def test_sbom_names_its_image_and_refuses_what_is_not_a_file(rc, tmp_path):
 def test_sbom_python_packages_against_the_pins(rc):
     doc = _spdx(["pkg:pypi/PyYAML@6.0.1", "pkg:pypi/typing_extensions@4.12.2",
                  "pkg:pypi/pip@23.2.1"])
-    found = rc.sbom_python_packages(doc)
+    found, vendored = rc.sbom_python_packages(doc)
     assert found == {"pyyaml": {"6.0.1"}, "typing-extensions": {"4.12.2"}, "pip": {"23.2.1"}}
+    assert vendored == []
     pins = {"pyyaml": "6.0.1", "typing-extensions": "4.12.2"}
     assert rc.sbom_vs_pins(found, pins) == []  # the venv's pip is no lock's
     assert rc.sbom_vs_pins(found, {**pins, "numpy": "1.26.3"}) == [
@@ -253,3 +254,24 @@ def test_gpu_dockerfile_is_written_for_reproducible_builds(repo_file):
         assert path in apt, path
     # NVIDIA's apt source is not snapshotted: removed before any apt step.
     assert gpu.index("rm -f /etc/apt/sources.list.d/cuda*.list") < gpu.index("apt-get update")
+
+
+def test_a_copy_vendored_inside_a_pinned_package_is_listed_not_counted(rc):
+    """As the CPU image's tensorboard holds bleach's html5lib-1.1.dist-info (found by the
+    first full-image gate run): not an installed package, so not a pin to match."""
+    site = "/opt/python/lib/python3.11/site-packages"
+    doc = _spdx(["pkg:pypi/tensorboard@2.17.1"])
+    doc["packages"][1]["sourceInfo"] = ("acquired package info from installed python package "
+                                        f"manifest file: {site}/tensorboard-2.17.1.dist-info/METADATA, "
+                                        f"{site}/tensorboard-2.17.1.dist-info/RECORD")
+    inner = _spdx(["pkg:pypi/html5lib@1.1"])["packages"][1]
+    inner["sourceInfo"] = ("acquired package info from installed python package manifest file: "
+                           f"{site}/tensorboard/_vendor/bleach/_vendor/html5lib-1.1.dist-info/METADATA")
+    egg = _spdx(["pkg:pypi/oldpkg@0.1"])["packages"][1]
+    egg["sourceInfo"] = ("acquired package info from installed python package manifest file: "
+                         "/usr/lib/python3/dist-packages/oldpkg-0.1.egg-info")
+    doc["packages"] += [inner, egg]
+    found, vendored = rc.sbom_python_packages(doc)
+    assert found == {"tensorboard": {"2.17.1"}, "oldpkg": {"0.1"}}  # dist-packages: installed
+    assert vendored == ["html5lib 1.1 (in tensorboard/_vendor/bleach/_vendor)"]
+    assert rc.sbom_vs_pins(found, {"tensorboard": "2.17.1", "oldpkg": "0.1"}) == []
