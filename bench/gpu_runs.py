@@ -268,6 +268,7 @@ def item_deferred_sync(ctx: Ctx) -> Result:
 
     import torch
 
+    from aleph.errors import NonFiniteError
     from aleph.model import ModelConfig, build_model
     from aleph.train.config import resolve
     from aleph.train.distributed import World
@@ -304,18 +305,39 @@ def item_deferred_sync(ctx: Ctx) -> Result:
             torch.cuda.synchronize()
             if i:
                 seconds[defer] += time.perf_counter() - t0
-        syncs = _count_syncs(lambda: train_step(t, (ids, mask, target)))  # deferred (last block)
+        # A deferred step that reads the one before it (so a step is in flight): no implicit
+        # sync (its read is an event wait, which sync debug mode does not report).
+        t.cfg = dataclasses.replace(base, defer_step_sync=True)
+        train_step(t, (ids, mask, target))
+        t.pos = dataclasses.replace(t.pos, step=t.pos.step + 1)
+        syncs = _count_syncs(lambda: train_step(t, (ids, mask, target)))
+        t.pos = dataclasses.replace(t.pos, step=t.pos.step + 1)
         settle(t)
+        # CUDA's fused kernel honours found_inf: a NaN step leaves the weights as they were
+        # and is raised in the next step, before its update.
+        before = [p.detach().clone() for p in model.parameters()]
+        train_step(t, (ids, mask, torch.full_like(target, float("nan"))))
+        same = all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        try:
+            train_step(t, (ids, mask, target))
+            raised = False
+        except NonFiniteError:
+            raised = True
+        same_after = all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     if syncs:
         return Result("FAIL", f"{len(syncs)} implicit host syncs in a deferred step (expected "
                       "0: its one read is an event wait in the next step): " + "; ".join(syncs[:3]))
+    if not (same and raised and same_after):
+        return Result("FAIL", f"a NaN step under defer_step_sync: weights kept {same}, raised in "
+                      f"the next step {raised}, no update after it {same_after} (all expected True)")
     n = blocks * per_block * E1_BATCH
     plain, deferred = n / seconds[False], n / seconds[True]
     ratio = deferred / plain
     return Result("PASS", f"a2 E1 shape, eager bf16, {blocks} x {per_block} steps each: checked-first "
                   f"{plain:.0f} samples/s, deferred {deferred:.0f} samples/s, ratio {ratio:.3f} "
                   f"(defer_step_sync stays off by default unless this is clearly > 1); last loss "
-                  f"{last.loss if last else float('nan'):.4f}; 0 implicit syncs in a deferred step",
+                  f"{last.loss if last else float('nan'):.4f}; 0 implicit syncs in a deferred step; "
+                  "a NaN step skipped on the device and raised before the next update",
                   {"checked_first_samples_per_s": plain, "deferred_samples_per_s": deferred,
                    "deferred_over_checked_first": ratio})
 

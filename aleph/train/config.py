@@ -246,10 +246,11 @@ def _check_values(c: TrainConfig) -> None:
     for name in positive:
         if getattr(c, name) <= 0:
             raise bad(name, "a positive integer")
-    for name in ("lr", "tau", "eps", "address_tau", "progress_every_seconds", "heartbeat_seconds",
-                 "collective_timeout_s"):
+    for name in ("lr", "tau", "eps", "address_tau", "progress_every_seconds", "heartbeat_seconds"):
         if not getattr(c, name) > 0:
             raise bad(name, "a positive number")
+    if not c.collective_timeout_s >= 1:  # its heartbeat comes every timeout/4 (at most 5 s)
+        raise bad("collective_timeout_s", "a number of seconds >= 1")
     nonneg = ("seed", "warmup_steps", "max_steps", "ckpt_every_steps", "weights_every_steps",
               "num_threads", "weight_decay", "grad_clip", "ckpt_every_minutes", "vram_required_gib",
               "w_nce", "w_mse", "min_lr_ratio", "store_headroom_gib", "target_dim",

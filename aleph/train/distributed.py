@@ -16,6 +16,7 @@ the same update as one process with the whole batch, within float tolerance.
 from __future__ import annotations
 
 import os
+import pickle
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,31 +63,36 @@ class World:
                 share: Callable[[Any], Any] = lambda result: result) -> Any:
         """fn() on rank 0 while the others wait in the polling barrier: rank 0 gets fn's
         result, the others share(result); its exception is raised on every rank (so all
-        stop alike)."""
+        stop alike). A stop (StopRequested, KeyboardInterrupt) on rank 0 is raised there at
+        once, and the others leave the barrier with PeerLost unless their own stop came."""
         if not self.distributed:
             return fn()
-        result, outcome = None, (True, None)
+        result, outcome, error = None, (True, None), None
         if self.is_main:
             try:
                 result = fn()
                 outcome = (True, share(result))
-            except BaseException as e:  # a stop too: re-raised below, here and on the others
-                outcome = (False, e)
+            except Exception as e:  # noqa: BLE001 - raised below, here and on the others
+                outcome, error = (False, _portable(e)), e
+            except BaseException:  # a stop: no broadcast that could wait on a rank that left
+                self.peers.mark_gone()
+                raise
         self.barrier(what, log)
         ok, value = self.broadcast_object(outcome)
         if not ok:
-            raise value
+            raise error if error is not None else value  # rank 0: its own, unpickled
         return result if self.is_main else value
 
     def failure_note(self, e: BaseException) -> str | None:
-        """One line for a failed collective: which ranks stopped beating, if any did."""
-        if self.peers is None or isinstance(e, PeerLost) or not isinstance(e, RuntimeError):
+        """One line for a failed collective (a c10d error, or gloo's/NCCL's RuntimeError):
+        which ranks stopped beating, if any did; None for any other error."""
+        if self.peers is None or isinstance(e, PeerLost) or not _collective_error(e):
             return None
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         silent = self.peers.silent()
         if not silent:
             return None
         names = ", ".join(f"rank {r} (no heartbeat for {s:.0f} s)" for r, s in silent)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         return (f"{names} stopped answering: a collective on rank {self.rank} failed after "
                 f"collective_timeout_s={self.peers.timeout_s:g} ({first})")
 
@@ -137,6 +143,27 @@ class World:
             dist.destroy_process_group()
 
 
+COLLECTIVE_ERRORS = ("gloo", "NCCL", "Timed out", "timed out", "Connection closed by peer",
+                     "Connection reset by peer")
+"""What a collective's RuntimeError says when its transport failed (gloo raises plain
+RuntimeErrors; c10d's own are torch.distributed.DistError)."""
+
+
+def _collective_error(e: BaseException) -> bool:
+    if isinstance(e, dist.DistError):
+        return True
+    return type(e) is RuntimeError and any(m in str(e) for m in COLLECTIVE_ERRORS)
+
+
+def _portable(e: Exception) -> Exception:
+    """`e` if it survives pickling (broadcast_object pickles), else a RuntimeError of its text."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - any failure to pickle or rebuild
+        return RuntimeError(f"{type(e).__name__} on rank 0: {e}")
+
+
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
     if value is None:
@@ -147,9 +174,11 @@ def _env_int(name: str) -> int | None:
         raise ConfigError(f"environment variable {name}={value!r}: expected an integer") from None
 
 
-def init_world(device_kind: str, timeout_s: float) -> World:
+def init_world(device_kind: str, timeout_s: float,
+               in_thread: Callable[[], Any] | None = None) -> World:
     """World from torchrun's environment (size 1 without it); joins the process group, whose
-    collectives time out after `timeout_s` (config field collective_timeout_s)."""
+    collectives time out after `timeout_s` (config field collective_timeout_s), and starts
+    this rank's heartbeat thread (inside the context `in_thread()`: the code tracer)."""
     size = _env_int("WORLD_SIZE") or 1
     if size == 1:
         return World()
@@ -164,9 +193,14 @@ def init_world(device_kind: str, timeout_s: float) -> World:
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     device = f"cuda:{local}" if device_kind == "cuda" else "cpu"
     world = World(rank=rank, size=size, local_rank=local, collective_device=device)
-    # A prefix per launch: torchrun's agent store outlives a restarted attempt's keys.
-    prefix = f"aleph/{world.broadcast_object(secrets.token_hex(8))}/"
-    peers = Peers(dist.distributed_c10d._get_default_store(), prefix, rank, size, timeout_s)
+    try:
+        # A prefix per launch: a store can outlive a restarted attempt's keys.
+        prefix = f"aleph/{world.broadcast_object(secrets.token_hex(8))}/"
+        peers = Peers(dist.distributed_c10d._get_default_store(), prefix, rank, size,
+                      timeout_s, in_thread)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
     return World(rank=rank, size=size, local_rank=local, collective_device=device, peers=peers)
 
 

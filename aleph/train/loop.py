@@ -136,9 +136,10 @@ def after_step(t: Trainer, stop: StopFlag, clock: Clock) -> tuple[bool, bool, St
     if (step_due or time_due) and step < t.total_steps:  # the last step is saved by finish()
         late = save_state(t)
         saved, clock.last_save = True, time.monotonic()
-    if (t.world.is_main and cfg.weights_every_steps and step < t.total_steps
-            and step % cfg.weights_every_steps == 0):  # the last step is weights/final
-        save_weights(t.model, RunLayout(t.run_dir).step_weights(step))
+    if cfg.weights_every_steps and step < t.total_steps and step % cfg.weights_every_steps == 0:
+        late = late or settle(t)  # a non-finite step in flight must not be exported
+        if t.world.is_main:  # the last step is weights/final
+            save_weights(t.model, RunLayout(t.run_dir).step_weights(step))
     return saved, stopping, late
 
 
@@ -206,6 +207,7 @@ def start_prefetch(t: Trainer) -> prefetch.Prefetcher:
 
 def wait_for_signal(t: Trainer, stop: StopFlag, rep: Reporter, batches: prefetch.Prefetcher) -> None:
     """The pause hook: flush everything first, so the paused run's files are at rest."""
+    report(rep, settle(t))  # the paused step's values, deferred or not, are on record
     if rep.scalars is not None:
         rep.scalars.flush()
     ahead = batches.ahead

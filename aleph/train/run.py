@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -61,7 +62,8 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
         os.environ["HF_TOKEN"] = cfg.hf_token
     if cfg.deterministic and wants_cuda:  # must precede the first cuBLAS handle
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    world = init_world("cuda" if wants_cuda else "cpu", cfg.collective_timeout_s)
+    world = init_world("cuda" if wants_cuda else "cpu", cfg.collective_timeout_s,
+                       tracer.in_this_thread)
     lock, stop = None, None
     try:
         check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
@@ -166,6 +168,8 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
         exit_status = e.exit_code if refused else (130 if isinstance(e, KeyboardInterrupt) else 1)
         lost = world.failure_note(e)  # a collective timed out: name the silent rank
         note = lost or f"{type(e).__name__}: {e}"
+        if lost:  # the original error stays in the log, the line goes to the console
+            log("the failed collective:\n" + "".join(traceback.format_exception(e)).rstrip())
         log(f"launch failed: {note}")
         if lost:
             raise PeerLost(lost) from e

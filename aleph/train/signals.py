@@ -27,6 +27,9 @@ class StopRequested(BaseException):
         super().__init__(f"stopped by {signame} before the first step")
         self.signame = signame
 
+    def __reduce__(self):  # rebuilt from the name, not from the message
+        return (StopRequested, (self.signame,))
+
 
 class StopFlag:
     """SIGTERM/SIGINT handling of one launch, installed as soon as the run lock is held.

@@ -36,6 +36,7 @@ class InFlight:
     host: torch.Tensor  # (4,) pinned on CUDA, filled by a non_blocking copy
     copied: torch.cuda.Event | None  # recorded after that copy; None on CPU (nothing queued)
     lr: float
+    before: Position  # where training stood before this step (restored if it was non-finite)
 
     def read(self) -> StepResult:
         """The step's one host sync, one step late: waits for this step's copy only, not for
@@ -90,7 +91,7 @@ def train_step(t: Trainer, batch: Batch) -> StepResult | None:
             raise
         _update(t)
         return result
-    flight = _send(step, stats, lr)
+    flight = _send(step, stats, lr, t.pos)
     try:
         earlier = settle(t)  # the previous step: raises before this step's update
     except NonFiniteError:
@@ -107,9 +108,17 @@ def train_step(t: Trainer, batch: Batch) -> StepResult | None:
 
 def settle(t: Trainer) -> StepResult | None:
     """The step still in flight under defer_step_sync, read now (None if none is): before a
-    save, a stop, the end, or a line that reports it. Raises NonFiniteError for it."""
+    save, a stop, the end, or a line that reports it. Raises NonFiniteError for it, with the
+    position (and the monitor's step) set back to before it: that step made no update."""
     flight, t.pending = t.pending, None
-    return None if flight is None else flight.read()
+    if flight is None:
+        return None
+    try:
+        return flight.read()
+    except NonFiniteError:
+        t.pos = flight.before
+        t.monitor.step = flight.before.step
+        raise
 
 
 def _update(t: Trainer) -> None:
@@ -118,15 +127,15 @@ def _update(t: Trainer) -> None:
     t.opt.zero_grad(set_to_none=True)
 
 
-def _send(step: int, stats: torch.Tensor, lr: float) -> InFlight:
+def _send(step: int, stats: torch.Tensor, lr: float, before: Position) -> InFlight:
     """Start the copy of stats (4,) to the host without waiting for it."""
     if not stats.is_cuda:
-        return InFlight(step, stats.clone(), None, lr)
+        return InFlight(step, stats.clone(), None, lr, before)
     host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
     host.copy_(stats, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record()
-    return InFlight(step, host, copied, lr)
+    return InFlight(step, host, copied, lr, before)
 
 
 def _checked(step: int, values: list[float], lr: float) -> StepResult:

@@ -107,13 +107,17 @@ def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str,
         log(line)
 
     tokens, targets = prepare_data(cfg, world, inputs, tokenizer, log, monitor, stop)
-    if world.is_main:
+
+    def record_inputs() -> None:
         now = input_record(targets, tokens)
         allowed = check_inputs_unchanged(cfg, manifest, resume_from, now, log, launch_id)
         if inputs.misalignment_allowed:  # written with the inputs record below
             manifest.launch["misalignment_allowed"] = inputs.misalignment_allowed
         manifest.record_inputs(now, allowed)
         record_data(run_dir, manifest, inputs.sources, targets, tokens, tokenizer)
+
+    # rank 0 records (and may refuse changed inputs); the others poll, then stop alike
+    world.on_main("recording the inputs", record_inputs, log)
 
     monitor.phase = "model"
     preflight_pause("model", log, stop)

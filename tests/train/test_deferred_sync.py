@@ -81,6 +81,33 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_raised_before_the_next_u
         train_step(t, batches[2])  # read before step 3's update
     assert all(torch.equal(a, b) for a, b in zip(before, t.model.parameters(), strict=True))
     assert all(p.grad is None for p in t.model.parameters())  # nothing left for a later step
+    assert t.pos.step == 1  # set back to before step 2, which made no update
+
+
+def test_a_non_finite_step_in_flight_is_never_exported_as_weights(tmp_path):
+    """weights_every_steps: the export of step 2 first reads step 2 (in flight), so a NaN
+    there raises before weights/step-2 (which would hold step 1's weights) is written."""
+    from aleph.train.loop import Clock, after_step
+    from aleph.train.signals import StopFlag
+
+    t = _trainer(True)
+    t.cfg = dataclasses.replace(t.cfg, weights_every_steps=2, ckpt_every_steps=0,
+                                ckpt_every_minutes=0.0)
+    t.run_dir, t.total_steps = tmp_path, 10
+    batches = list(_batches())
+    stop = StopFlag("flag")
+    try:
+        train_step(t, batches[0])
+        _advance(t)
+        after_step(t, stop, Clock(0.0))
+        ids, mask, _ = batches[1]
+        train_step(t, (ids, mask, torch.full((4, 768), float("nan"))))
+        _advance(t)
+        with pytest.raises(NonFiniteError, match="^step 2: loss is nan"):
+            after_step(t, stop, Clock(0.0))
+    finally:
+        stop.restore()
+    assert not (tmp_path / "weights").exists() and t.pos.step == 1
 
 
 def test_without_the_fused_optimiser_the_step_checks_first_as_before():
