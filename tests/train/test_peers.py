@@ -153,6 +153,7 @@ def test_a_rank_0_that_stops_in_its_work_is_named_by_the_others_within_the_timeo
                         r"\(collective_timeout_s=3\); this rank gives up", line), line + out
     # found after about the timeout (3 s), not after hours; the bound leaves room for a busy box
     assert took < 60, took
+    print(f"peers: {line} ({took:.1f} s after start)")
 
 
 def test_rank_0s_error_is_raised_on_every_rank(tmp_path):
@@ -221,6 +222,7 @@ def test_a_rank_that_stops_answering_in_training_fails_rank_0_naming_it(train_wo
                         r"a collective on rank 0 failed after collective_timeout_s=15 \(.+\)",
                         lines[-1]), lines[-1]
     assert took < 120, took  # about 15 s: the timeout, not hours
+    print(f"peers: {lines[-1]} ({took:.1f} s after rank 0 entered the collective)")
     rank0 = next(p for p in (run / "launches").glob("*.log") if not p.name.endswith(".rank1.log"))
     assert "launch failed: rank 1 (no heartbeat for" in rank0.read_text(), out[-3000:]
 
