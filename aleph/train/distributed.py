@@ -156,9 +156,12 @@ def _collective_error(e: BaseException) -> bool:
 
 
 def _portable(e: Exception) -> Exception:
-    """`e` if it survives pickling (broadcast_object pickles), else a RuntimeError of its text."""
+    """`e` if it survives pickling (broadcast_object pickles), else a RuntimeError of its text.
+
+    The round trip is of this process's own exception, never of bytes from a file or peer
+    outside the job: it only tells whether the other ranks could rebuild it."""
     try:
-        pickle.loads(pickle.dumps(e))
+        pickle.loads(pickle.dumps(e))  # noqa: S301 - our own object (see above)
         return e
     except Exception:  # noqa: BLE001 - any failure to pickle or rebuild
         return RuntimeError(f"{type(e).__name__} on rank 0: {e}")
