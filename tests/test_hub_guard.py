@@ -7,6 +7,7 @@ the E1 stack's (hub 1.x) tokenizer download and `runs pull`, the teacher set's (
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from aleph._hub import HubAnswerRefused, check_etag, check_repo_name
-from tests.hostile_hub import HostileHub
+from tests.hostile_hub import COMMIT, HostileHub
 
 REPO = Path(__file__).resolve().parents[1]
 TEACHER_PY = REPO / ".venv-teachers" / "bin" / "python"
@@ -115,3 +116,25 @@ def test_an_etag_that_is_not_hex_is_refused(etag):
     with pytest.raises(HubAnswerRefused, match="not a hex digest"):
         check_etag(etag)
     check_etag("0123456789abcdef" * 4)
+
+
+def test_an_honest_mirror_still_serves_a_teacher_checked_and_linked_into_its_blobs(tmp_path):
+    """The teacher download at the listing's commit, file by file, passes the directory
+    check (its links lead into the repo's blobs) and records that commit."""
+    code = ("import json, sys; from aleph.targets.extract import resolve;"
+            "from aleph.targets.teachers import TeacherSpec;"
+            "p, rec, cfg = resolve(TeacherSpec('me/teach'), {'bert'});"
+            "print(json.dumps([p, rec, cfg]))")
+    with HostileHub("me/teach", FILES) as hub:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_ENDPOINT": hub.endpoint,
+               "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+        env.pop("HF_HUB_OFFLINE", None)
+        r = subprocess.run([str(teacher_python()), "-c", code], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    path, rec, cfg = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rec == {"name": "me/teach", "local": False, "revision": COMMIT}
+    assert cfg == {"model_type": "bert"}
+    assert sorted(os.listdir(path)) == ["config.json", "model.safetensors", "tokenizer.json",
+                                        "tokenizer_config.json"]  # runs/... is not top level
+    assert all(os.path.islink(os.path.join(path, n)) for n in os.listdir(path))

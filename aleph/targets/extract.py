@@ -114,7 +114,7 @@ def resolve(spec: TeacherSpec, known_types: set[str]) -> tuple[str, dict, dict]:
         return spec.name, {"name": spec.name, "local": True,
                            "files_sha256": checked.files_sha256}, checked.config
     path, blobs, commit = _download(spec)
-    checked = check_model_dir(path, known_types, blobs=blobs, hash_limit=0)
+    checked = check_model_dir(path, known_types, blobs=blobs, hash_limit=-1)  # the commit names it
     return path, {"name": spec.name, "local": False, "revision": commit}, checked.config
 
 

@@ -55,7 +55,8 @@ def _entry(path: str, name: str, blobs: str | None) -> str | None:
         return None
     if stat.S_ISLNK(st.st_mode):
         target = os.path.realpath(full)
-        inside = blobs is not None and os.path.commonpath([target, blobs]) == blobs
+        root = os.path.realpath(blobs) if blobs is not None else None
+        inside = root is not None and os.path.commonpath([target, root]) == root
         if not inside:
             raise _refuse(path, f"{name} is a symbolic link to {short_repr(target)}; links "
                           "are not followed out of a teacher directory (copy the file in)")
@@ -79,7 +80,7 @@ def check_model_dir(path: str, known_types: set[str] | frozenset[str],
     """Check teacher directory `path` (module docstring); `known_types`: the model types
     the installed transformers has classes for; `blobs`: the hub cache's blob directory
     the links of a snapshot lead to (None: a local directory, where no link is accepted).
-    Files larger than `hash_limit` bytes are checked but not hashed."""
+    Files larger than `hash_limit` bytes (every file, for -1) are checked but not hashed."""
     try:
         names = sorted(os.listdir(path))
     except OSError as e:
