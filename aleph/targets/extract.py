@@ -12,6 +12,12 @@ L2-normalise, cast to fp16, write `OUT/<teacher>/chunk_<c:05d>.npy` atomically. 
 file that exists is finished (it is only ever renamed into place complete) and is never
 redone; `extract-plan.json` pins the inputs and options a resumed run must match. With
 several GPUs the chunks are dealt out round robin, one process per GPU (`--shard I/N`).
+
+Every teacher directory (a local one, or a hub teacher's snapshot, fetched file by file
+through the checked listing and answers of `aleph._hub`) passes
+`teacher_dir.check_model_dir` before anything of it loads: no `auto_map`, a known
+`model_type`, regular files only, no links out; every loader passes
+`trust_remote_code=False`, so no code that came with a teacher ever runs.
 """
 
 from __future__ import annotations
