@@ -100,7 +100,7 @@ def test_teacher_listing_naming_a_path_out_is_one_line(tmp_path, name):
         r = run(teacher_python(), tmp_path, hub, "targets", "extract", "--captions",
                 str(caps), "--out", str(tmp_path / "out"), "--teachers", "me/teach")
         gets = [p for m, p in hub.requests if "/resolve/" in p]
-    one_line(r, "teacher me/teach@main", repr(name), "not a plain relative path")
+    print(one_line(r, "teacher me/teach@main", repr(name), "not a plain relative path"))
     assert gets == []  # refused from the listing, before any file was asked for
 
 

@@ -135,6 +135,7 @@ def test_a_non_finite_target_row_is_one_line_naming_the_row(smoke, pairings, tmp
         capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, (r.returncode, r.stderr)
     assert f"{first}: target row 5 (row 5 of the targets) holds NaN or Inf" in r.stderr
+    print(r.stderr.strip())
 
 
 def test_targets_naming_a_fifo_is_one_line_saying_what_it_is(smoke, pairings, tmp_path):
@@ -146,3 +147,4 @@ def test_targets_naming_a_fifo_is_one_line_saying_what_it_is(smoke, pairings, tm
          str(smoke.tokenizer_dir)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"--targets {fifo} is a FIFO; expected a chunk file" in r.stderr
+    print(r.stderr.strip())
