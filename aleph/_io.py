@@ -198,6 +198,22 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.load(f)
 
 
+def read_json_bounded(path: str | os.PathLike, limit: int, *, follow: bool = False) -> Any:
+    """The JSON value of a regular file of at most `limit` bytes (`read_bounded`, links
+    refused unless follow=True). OSError when it cannot be read as such; ValueError, its
+    message one line, for text that is not UTF-8 JSON or nests too deep for the parser (a
+    100k-deep `[[[...` is a RecursionError inside json, reported as a ValueError here)."""
+    data = read_bounded(path, limit, follow=follow)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deep to parse") from None
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:
     """Hex sha256 of a file's bytes, read in chunks."""
     h = hashlib.sha256()

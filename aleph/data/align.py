@@ -15,7 +15,9 @@ chance and MARGIN times the best alternative.
 The sample is BLOCKS contiguous blocks spread evenly over the rows (a misalignment that
 starts halfway is seen); alternate blocks are fitted and held out. Reading costs the
 sample: parquet captions by row group, target chunks through their mapping; a text or
-JSONL source is streamed once up to its last sampled row (memory: the sample).
+JSONL source is streamed once up to its last sampled row (memory: the sample). A sampled
+target row holding a NaN or Inf is a DataError naming its chunk file and row (exit 2, not
+the exit 1 of a misaligned pairing); rows outside the sample are not read.
 """
 
 from __future__ import annotations
@@ -152,18 +154,44 @@ def take_targets(paths: Sequence[str], idx: np.ndarray) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def check_finite(paths: Sequence[str], idx: np.ndarray, rows: torch.Tensor) -> None:
+    """DataError naming the chunk file and row of the first of `rows` (the target rows at
+    sorted indices `idx` of `paths`) that holds a NaN or Inf: such a row has no direction,
+    so no pairing can be scored against it."""
+    from aleph.targets.sources import describe_sources
+
+    bad = (~torch.isfinite(rows.float())).any(1).nonzero()
+    if bad.numel() == 0:
+        return
+    row, start = int(idx[int(bad[0])]), 0
+    for info in describe_sources(paths):
+        if row < start + info.rows:
+            raise DataError(f"{info.path}: target row {row - start:,} (row {row:,} of the "
+                            "targets) holds NaN or Inf values; expected finite vectors: "
+                            "rebuild the targets or drop the row and its caption")
+        start += info.rows
+
+
 def target_files(path: str) -> list[str]:
     """A chunk file as given, or a directory's chunk files in row order (as `aleph targets
-    build DIR` reads them); a missing path is a DataError."""
+    build DIR` reads them); a missing path, or one that is neither a regular file nor a
+    directory (a FIFO would block the first read), is a DataError."""
     import os
+    import stat
 
+    from aleph._io import file_kind
     from aleph.targets.sources import chunk_files_in
 
-    if os.path.isdir(path):
-        return chunk_files_in(path)
-    if not os.path.isfile(path):
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
         raise DataError(f"--targets {path} does not exist; expected a chunk file or a "
-                        "directory of chunk files")
+                        "directory of chunk files") from None
+    if stat.S_ISDIR(mode):
+        return chunk_files_in(path)
+    if not stat.S_ISREG(mode):
+        raise DataError(f"--targets {path} is {file_kind(mode)}; expected a chunk file (a "
+                        "regular file) or a directory of chunk files")
     return [path]
 
 
@@ -200,6 +228,7 @@ def check_alignment(captions: CaptionSource, targets: Sequence[str], tokenizer,
     tgt_idx = np.concatenate([np.arange(s - pad, s + n + pad) for s, n in blocks])
     texts = take_captions(captions, cap_idx)
     y_all = take_targets(targets, tgt_idx)  # (blocks * (n + 2 pad), D)
+    check_finite(targets, tgt_idx, y_all)  # a NaN row would poison every score: name it
     ids = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=512)["input_ids"]
     x = features(ids)  # (blocks * n, dim)
     n = blocks[0][1]

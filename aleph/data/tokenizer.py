@@ -35,7 +35,8 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
     A hub name is taken from the offline bundle when it holds it (`aleph.data.bundle`,
     written by `aleph data fetch`), else from the hub, cached under `cache_dir` (default
     <work root>/cache/hf). A missing directory, an unknown name, or a name that cannot be
-    fetched offline is a DataError. `use_bundle=False` goes to the hub (what
+    fetched offline is a DataError, and so is a hub answer `aleph._hub.guard_hub` refuses
+    (an ETag or commit that is not a hex digest). `use_bundle=False` goes to the hub (what
     `aleph data fetch` does to fill the bundle).
     """
     from transformers import AutoTokenizer  # heavy import, only when a tokenizer is needed
@@ -57,6 +58,9 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
         if bundled is not None:
             source, kwargs = str(bundled), {}
         else:
+            from aleph._hub import guard_hub
+
+            guard_hub()  # a mirror's ETag or commit never becomes a path unchecked
             cache = Path(cache_dir) if cache_dir is not None else work_root() / "cache" / "hf"
             source, kwargs = name, {"cache_dir": str(cache)}
     try:
@@ -64,6 +68,13 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
         # and never prompted for (transformers' interactive "run the custom code? [y/N]").
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kwargs)
     except Exception as e:  # a corrupt tokenizer.json surfaces as KeyError, TypeError, ...
+        from aleph._hub import HubAnswerRefused
+
+        cause: BaseException | None = e  # transformers re-raises a hub error as OSError
+        while cause is not None and not isinstance(cause, HubAnswerRefused):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise DataError(f"tokenizer {name!r}: {cause}") from None
         if "contains custom code" in str(e):
             raise DataError(f"tokenizer {name!r} asks to run its own code (auto_map in its "
                             "tokenizer_config.json): refused, aleph-e1 never runs code that comes "

@@ -10,7 +10,9 @@ is HF_ENDPOINT's (default the public hub).
 
 Others may write the repo: a listed name that is not a plain relative path is refused, and
 the sizes the listing reports are checked before a download, so no index larger than
-INDEX_MAX and no file of another size than its index records is fetched.
+INDEX_MAX and no file of another size than its index records is fetched; the listing's
+commit and each file's ETag and commit must be hex digests (`aleph._hub`) before
+huggingface_hub makes a path of them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from aleph._hub import check_commit, guard_hub
 from aleph.sync import index as ix
 from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
@@ -69,6 +72,7 @@ class HubDestination(Destination):
                 info = self.api.repo_info(self.repo_id, revision=revision, files_metadata=True)
             except RepositoryNotFoundError:
                 return None
+        check_commit(info.sha, f"sync destination {self.spec}")
         sizes = {s.rfilename: s.size for s in info.siblings or []}
         for name in sizes:
             ix.check_rel(name, f"sync destination {self.spec}@{info.sha[:12]}: the repo lists a file")
@@ -118,6 +122,7 @@ class HubDestination(Destination):
     def _download(self, name: str, revision: str, local_dir: Path) -> Path:
         from huggingface_hub import hf_hub_download
 
+        guard_hub()  # the file's ETag and commit checked before the library uses them
         with self._calling(f"downloading {name} at {revision[:12]}"):
             return Path(hf_hub_download(self.repo_id, name, revision=revision,
                                         local_dir=local_dir, endpoint=self.endpoint))

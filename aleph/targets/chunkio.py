@@ -114,6 +114,14 @@ class ChunkWriter:
         """Rows at positions `index` (a list or array, len n) from a (n, dim) tensor."""
         self._mm[index] = block.to(torch.float16).cpu().numpy()
 
+    def discard(self) -> None:
+        """Drop the unfinished chunk: its partial file (this writer's own) is removed."""
+        del self._mm
+        try:
+            os.unlink(self.partial)
+        except FileNotFoundError:
+            pass
+
     def commit(self) -> None:
         """fsync the rows and rename the chunk into place (then fsync the directory)."""
         self._mm.flush()

@@ -16,6 +16,12 @@ is written). The pass:
 
 A killed pass resumes: `.consensus-state.json` records the fit (keyed on the inputs' path,
 size and mtime and the options) and each finished chunk, which is never redone.
+
+Refused in one line: a fit whose memory (`procrustes.fit_memory`) exceeds what this process
+may allocate (`budget.memory_budget`), before OUT is made or anything allocated; a teacher
+row holding a NaN or Inf (named by teacher, chunk and row), in the fit sample before the fit
+and elsewhere before its consensus chunk is published; a state or result file in OUT that
+is not a JSON object of the expected fields (a list, 100k-deep nesting, over 64 MiB).
 """
 
 from __future__ import annotations
@@ -32,14 +38,15 @@ import torch
 from aleph._io import (
     atomic_write_bytes,
     atomic_write_json,
-    read_json,
+    read_json_bounded,
     sha256_bytes,
     sha256_file,
     sha256_json,
 )
 from aleph.errors import StoreError
+from aleph.targets.budget import require_memory
 from aleph.targets.chunkio import BLOCK_ROWS, ChunkWriter, float_blocks, regular_chunks, take_rows
-from aleph.targets.procrustes import GpaFit, GramAccumulator, fit_gpa
+from aleph.targets.procrustes import GpaFit, GramAccumulator, fit_gpa, fit_memory
 from aleph.targets.sources import ChunkInfo, describe_sources
 from aleph.targets.writer import fault_point
 
@@ -118,12 +125,27 @@ def _eta(done: int, total: int, t0: float) -> str:
     return f"{done:,}/{total:,} rows, {rate:,.0f} rows/s, ETA {left:,.0f} s"
 
 
+def require_finite(info: ChunkInfo, block: torch.Tensor, rows) -> None:
+    """StoreError naming teacher, chunk and row when a row of `block` (chunk `info`'s rows
+    `rows`, a sequence of local row numbers) holds a NaN or Inf."""
+    bad = (~torch.isfinite(block)).any(1).nonzero()
+    if bad.numel():
+        row = int(rows[int(bad[0])])
+        raise StoreError(f"teacher {os.path.dirname(info.path)}: chunk "
+                         f"{os.path.basename(info.path)}: row {row:,} holds NaN or Inf values; "
+                         "expected finite teacher vectors (extract that chunk again)")
+
+
 def accumulate(inp: Inputs, fit_rows: int, device: str) -> GramAccumulator:
     acc = GramAccumulator(len(inp.chunks), inp.dim, device)
     t0 = time.monotonic()
     for c, index in enumerate(fit_index(inp.rows, fit_rows)):
         for s in range(0, len(index), BLOCK_ROWS):
-            acc.add([take_rows(t[c], index[s:s + BLOCK_ROWS]) for t in inp.chunks])
+            rows = index[s:s + BLOCK_ROWS]
+            blocks = [take_rows(t[c], rows) for t in inp.chunks]
+            for t, b in zip(inp.chunks, blocks, strict=True):
+                require_finite(t[c], b, rows)  # one NaN would make every sum NaN
+            acc.add(blocks)
         _say(f"fit sample {_eta(acc.rows, min(fit_rows, inp.total), t0)}")
     return acc
 
@@ -146,14 +168,44 @@ def apply_chunk(inp: Inputs, c: int, maps: torch.Tensor, bias: torch.Tensor, out
     path = str(out / inp.names[c])
     writer = ChunkWriter(path, inp.rows[c], inp.dim)
     streams = [float_blocks(t[c]) for t in inp.chunks]
-    for parts in zip(*streams, strict=True):
-        start = parts[0][0]
-        x = torch.cat([b for _, b in parts], dim=1).to(maps.device)  # (n, kD)
-        y = torch.nn.functional.normalize(x @ maps + bias, dim=1)  # (n, D), fp32 then fp16
-        writer.write(start, y)
-        fault_point("consensus-block", c)
+    try:
+        for parts in zip(*streams, strict=True):
+            start = parts[0][0]
+            for t, (_, b) in zip(inp.chunks, parts, strict=True):
+                require_finite(t[c], b, range(start, start + b.shape[0]))
+            x = torch.cat([b for _, b in parts], dim=1).to(maps.device)  # (n, kD)
+            y = torch.nn.functional.normalize(x @ maps + bias, dim=1)  # (n, D), fp32 then fp16
+            writer.write(start, y)
+            fault_point("consensus-block", c)
+    except StoreError:
+        writer.discard()  # no chunk with a NaN row is ever published
+        raise
     writer.commit()
     return sha256_file(path)
+
+
+_STATE_FIELDS = {"key": str, "hashes": list, "fit_rows_used": int, "done": dict,
+                 "rotations_sha256": str, "fit": dict}
+_RESULT_FIELDS = {"key": str}
+_RECORD_MAX = 64 << 20  # a record of a million chunks is ~100 MiB less than this allows
+
+
+def read_record(path: Path, fields: dict[str, type]) -> dict:
+    """A JSON object file of OUT (the state or the result) holding `fields` of their types;
+    StoreError (one line) for anything else: a list, a link, 100k-deep nesting, a FIFO."""
+    try:
+        obj = read_json_bounded(path, _RECORD_MAX)
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{path}: unreadable consensus record ({getattr(e, 'strerror', None) or e}); "
+                         "choose a new --out (nothing was changed)") from None
+    if not isinstance(obj, dict):
+        raise StoreError(f"{path}: a JSON {type(obj).__name__}, expected an object; choose a new "
+                         "--out (nothing was changed)")
+    wrong = [k for k, t in fields.items() if not isinstance(obj.get(k), t)]
+    if wrong:
+        raise StoreError(f"{path}: fields {wrong} missing or of the wrong type; choose a new "
+                         "--out (nothing was changed)")
+    return obj
 
 
 def _state_key(inp: Inputs, fit_rows: int, whiten: str, tol: float, max_iter: int) -> str:
@@ -170,7 +222,7 @@ def _open_out(out: Path, key: str) -> dict | None:
         raise StoreError(f"{out}: exists and is not a directory")
     state_path = out / STATE_FILE
     if state_path.is_file():
-        state = read_json(state_path)
+        state = read_record(state_path, _STATE_FIELDS)
         if state.get("key") != key:
             raise StoreError(f"{out}: holds a consensus of other inputs or options; "
                              "choose a new --out (nothing was changed)")
@@ -191,10 +243,14 @@ def run_consensus(teacher_dirs: list[str], out: str | os.PathLike,
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     key = _state_key(inp, fit_rows, whiten, tol, max_iter)
     result_path = out / RESULT_FILE
-    if result_path.is_file() and read_json(result_path).get("key") == key:
+    if result_path.is_file() and (done := read_record(result_path, _RESULT_FIELDS))["key"] == key:
         _say(f"{out}: already complete")
-        return read_json(result_path)
+        return done
     state = _open_out(out, key)
+    if state is None:  # the fit's peak memory, refused before OUT is made or anything held
+        require_memory(fit_memory(len(inp.dirs), inp.dim, whiten, BLOCK_ROWS),
+                       f"the consensus fit of {len(inp.dirs)} teachers of width {inp.dim:,}",
+                       device)
     out.mkdir(parents=True, exist_ok=True)
     if state is None:
         _say(f"hashing {len(inp.dirs) * len(inp.names)} input chunks")

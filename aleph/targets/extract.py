@@ -12,24 +12,31 @@ L2-normalise, cast to fp16, write `OUT/<teacher>/chunk_<c:05d>.npy` atomically. 
 file that exists is finished (it is only ever renamed into place complete) and is never
 redone; `extract-plan.json` pins the inputs and options a resumed run must match. With
 several GPUs the chunks are dealt out round robin, one process per GPU (`--shard I/N`).
+
+Every teacher directory (a local one, or a hub teacher's snapshot, fetched file by file
+through the checked listing and answers of `aleph._hub`) passes
+`teacher_dir.check_model_dir` before anything of it loads: no `auto_map`, a known
+`model_type`, regular files only, no links out; every loader passes
+`trust_remote_code=False`, so no code that came with a teacher ever runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import subprocess
 import sys
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
 
-from aleph._io import atomic_write_json, read_json, sha256_file
-from aleph.errors import ConfigError, StoreError
+from aleph._io import atomic_write_json, read_json_bounded, short_repr
+from aleph.errors import AlephError, ConfigError, StoreError
 from aleph.targets.chunkio import ChunkWriter
+from aleph.targets.teacher_dir import check_model_dir
 from aleph.targets.teachers import (
     ExtractOptions,
     TeacherSpec,
@@ -61,28 +68,67 @@ def _shard(text: str | None) -> tuple[int, int]:
     return i, n
 
 
-def resolve(spec: TeacherSpec) -> tuple[str, dict]:
-    """(local model directory, its record: name, revision or file hashes)."""
+def _download(spec: TeacherSpec) -> tuple[str, str, str]:
+    """(snapshot directory, its blob directory, commit) of a hub teacher: the listing's commit
+    and every name it lists checked first (`aleph._hub`), then the top-level *.json, *.txt,
+    *.model and model.safetensors fetched one by one at that commit, each answer's ETag and
+    commit checked before huggingface_hub makes a path of it."""
+    from huggingface_hub import HfApi, hf_hub_download  # the teacher set's hub client
+
+    from aleph._hub import check_commit, check_repo_name, guard_hub
+
+    where = f"{spec.name}@{spec.revision or 'main'}"
+    guard_hub()
+    try:
+        info = HfApi().model_info(spec.name, revision=spec.revision)
+    except AlephError:
+        raise
+    except Exception as e:  # unreachable hub, no such repo or revision: one line
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"teacher {where}: the hub listing failed: {type(e).__name__}: "
+                          f"{short_repr(first, 200)}") from None
+    commit = check_commit(info.sha, f"teacher {where}")
+    names = [check_repo_name(s.rfilename, f"teacher {where}@{commit[:12]}")
+             for s in info.siblings or []]
+    wanted = [n for n in names if "/" not in n and (fnmatch(n, "*.json") or fnmatch(n, "*.txt")
+                                                    or fnmatch(n, "*.model")
+                                                    or n == "model.safetensors")]
+    if "model.safetensors" not in wanted:  # no .bin: torch < 2.6 refuses them
+        raise ConfigError(f"teacher {where}: no model.safetensors (pickled .bin weights are "
+                          "not loaded)")
+    try:
+        paths = [hf_hub_download(spec.name, n, revision=commit) for n in wanted]
+    except AlephError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"teacher {where}: download failed: {type(e).__name__}: "
+                          f"{short_repr(first, 200)}") from None
+    snapshot = os.path.dirname(paths[0])
+    return snapshot, os.path.join(os.path.dirname(os.path.dirname(snapshot)), "blobs"), commit
+
+
+def resolve(spec: TeacherSpec, known_types: set[str]) -> tuple[str, dict, dict]:
+    """(local model directory, its record: name, revision or file hashes, its config.json),
+    the directory checked by `teacher_dir.check_model_dir` before anything loads it."""
     if spec.local:
-        files = {}
-        for name in sorted(os.listdir(spec.name)):
-            p = os.path.join(spec.name, name)
-            st = os.stat(p)
-            if os.path.isfile(p) and st.st_size <= _MAX_MODEL_FILE_BYTES:
-                files[name] = sha256_file(p)
-        missing = [f for f in _MODEL_FILES if f not in files]
+        checked = check_model_dir(spec.name, known_types, hash_limit=_MAX_MODEL_FILE_BYTES)
+        missing = [f for f in _MODEL_FILES if f not in checked.files_sha256]
         if missing:
             raise ConfigError(f"{spec.name}: local teacher lacks {missing} (a model saved with "
                               "save_pretrained(safe_serialization=True) and its tokenizer)")
-        return spec.name, {"name": spec.name, "local": True, "files_sha256": files}
-    from huggingface_hub import snapshot_download  # the teacher set's hub client
+        return spec.name, {"name": spec.name, "local": True,
+                           "files_sha256": checked.files_sha256}, checked.config
+    path, blobs, commit = _download(spec)
+    checked = check_model_dir(path, known_types, blobs=blobs, hash_limit=-1)  # the commit names it
+    return path, {"name": spec.name, "local": False, "revision": commit}, checked.config
 
-    path = snapshot_download(spec.name, revision=spec.revision, allow_patterns=[
-        "*.json", "*.txt", "*.model", "model.safetensors"])  # no .bin: torch < 2.6 refuses them
-    if not os.path.isfile(os.path.join(path, "model.safetensors")):
-        raise ConfigError(f"{spec.name}@{spec.revision or 'main'}: no model.safetensors "
-                          "(pickled .bin weights are not loaded)")
-    return path, {"name": spec.name, "local": False, "revision": os.path.basename(path)}
+
+def known_model_types() -> set[str]:
+    """The model types the installed transformers has a configuration class for."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return set(CONFIG_MAPPING_NAMES)
 
 
 def require_teacher_env() -> None:
@@ -94,16 +140,18 @@ def require_teacher_env() -> None:
         raise ConfigError(NOT_TEACHER_ENV.format(why=str(e).splitlines()[0])) from None
 
 
-def _load(path: str, device: torch.device):
-    """(tokenizer, model) of a local model directory, the model in eval mode on `device`."""
+def _load(path: str, config: dict, device: torch.device):
+    """(tokenizer, model) of a checked local model directory (`config`: its config.json),
+    the model in eval mode on `device`; never runs code of the directory."""
     from transformers import AutoModel, AutoTokenizer  # the teacher environment only
 
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        kind = json.load(f).get("model_type")
+    kind = config.get("model_type")
     extra = {"reference_compile": False} if kind == "modernbert" else {}  # eager, reproducible
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModel.from_pretrained(path, torch_dtype=dtype, use_safetensors=True, **extra)
-    return AutoTokenizer.from_pretrained(path), model.to(device).eval()
+    model = AutoModel.from_pretrained(path, torch_dtype=dtype, use_safetensors=True,
+                                      trust_remote_code=False, local_files_only=True, **extra)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    return tok, model.to(device).eval()
 
 
 @torch.inference_mode()
@@ -171,7 +219,14 @@ def _check_plan(out: Path, plan: dict) -> None:
     """Write the plan on a fresh OUT; on a resume it must match (else nothing is touched)."""
     path = out / PLAN_FILE
     if path.is_file():
-        old = read_json(path)
+        try:
+            old = read_json_bounded(path, 64 << 20)
+        except (OSError, ValueError) as e:
+            raise StoreError(f"{path}: unreadable plan ({getattr(e, 'strerror', None) or e}); "
+                             "use a new --out") from None
+        if not isinstance(old, dict):
+            raise StoreError(f"{path}: a JSON {type(old).__name__}, expected the plan object; "
+                             "use a new --out")
         if old != plan:
             diff = sorted(k for k in plan if old.get(k) != plan.get(k))
             raise StoreError(f"{path}: the run in {out} used other inputs or options "
@@ -210,17 +265,16 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
     if rows == 0:
         raise StoreError(f"captions {captions}: no rows")
     specs = parse_teachers(teachers)
-    resolved = [resolve(s) for s in specs]
+    known = known_model_types()
+    resolved = [resolve(s, known) for s in specs]  # every directory checked before any loads
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    plan = _plan(captions, rows, [r for _, r in resolved], opts, device)
-    configs = []
-    for path, _ in resolved:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            configs.append(json.load(f))
+    plan = _plan(captions, rows, [r for _, r, _ in resolved], opts, device)
+    configs = [c for _, _, c in resolved]
     from transformers import AutoTokenizer  # the teacher environment only
 
     sample = src.head(1024)
-    toks = [AutoTokenizer.from_pretrained(p) for p, _ in resolved]
+    toks = [AutoTokenizer.from_pretrained(p, trust_remote_code=False, local_files_only=True)
+            for p, _, _ in resolved]
     mean_tokens = sum(len(t(c, truncation=True, max_length=opts.max_length)["input_ids"])
                       for t in toks for c in sample) / (len(sample) * len(toks))
     print(estimate(configs, rows, opts.max_length, mean_tokens, opts.assume_tflops),
@@ -255,7 +309,7 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
             texts, buf = buf[:opts.chunk_rows], buf[opts.chunk_rows:]
             for i in todo.get(c, []):
                 if i not in models:
-                    models[i] = _load(resolved[i][0], device)
+                    models[i] = _load(resolved[i][0], resolved[i][2], device)
                 dim = models[i][1].config.hidden_size
                 writer = ChunkWriter(str(chunk_path(out, specs[i].slug, c)), len(texts), dim)
                 encode_chunk(*models[i], texts, opts, writer, c, progress)

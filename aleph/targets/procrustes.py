@@ -65,6 +65,20 @@ class GpaFit:
         return [w @ r for w, r in zip(self.whiteners, self.rotations, strict=True)]
 
 
+def fit_memory(k: int, dim: int, whiten: str, block_rows: int) -> int:
+    """Bytes the fit of k teachers of width `dim` holds at its peak, an estimate (within a
+    few D x D matrices) of the largest of its phases, each counted from the code above:
+    accumulating (the float64 Gram sums, a block's float32 x^T x and its float64 copy, the
+    block of rows twice), fitting (the Gram sums, the k^2 G_ij blocks, with ZCA their
+    whitened copies and the whiteners, the rotations, the polar factor's SVD) and saving
+    (the Gram sums, rotations and whiteners, their clones and the serialised file)."""
+    kd2, d2 = (k * dim) ** 2, dim * dim
+    accumulate = kd2 * (8 + 4 + 8) + 2 * block_rows * k * dim * 4
+    fit = kd2 * 16 + (kd2 * 8 + k * d2 * 8 if whiten == "zca" else 0) + k * d2 * 8 + 8 * d2 * 8
+    save = kd2 * 8 + 2 * k * d2 * 8 + 6 * k * d2 * 8
+    return max(accumulate, fit, save)
+
+
 def polar(m: torch.Tensor) -> torch.Tensor:
     """The orthogonal factor U V^T of m = U S V^T: argmax_R tr(R^T m) over rotations/reflections."""
     u, _, vh = torch.linalg.svd(m)

@@ -3,6 +3,7 @@ one row, and a row dropped halfway fail; row counts that differ are bad input (e
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from aleph.data import load_captions, open_captions
 from aleph.data.align import check_alignment, sample_blocks
@@ -111,3 +113,38 @@ def test_e1_preflight_refuses_a_misaligned_pairing_unless_allowed(smoke, pairing
     assert got.misalignment_allowed["aligned"] is False and got.misalignment_allowed["shifted"]["1"] > 0.5
     assert any("ALLOWED by allow_misaligned=true" in x for x in lines)
     assert not (tmp_path / "work" / "runs").exists()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_target_row_is_one_line_naming_the_row(smoke, pairings, tmp_path, bad):
+    """Exit 2 (bad input) naming the chunk file and row, not exit 1 (misaligned) with a
+    traceback; the e1 preflight calls the same check."""
+    chunks = sorted(smoke.target_chunks)
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    for c in chunks:
+        (targets / c.name).write_bytes(c.read_bytes())
+    first = targets / chunks[0].name
+    x = torch.load(first, weights_only=True)
+    x[5] = bad  # row 5: inside the first sampled block (rows 2 .. 2 + 128, shifts around it)
+    torch.save(x, first)
+    r = subprocess.run(
+        [sys.executable, "-m", "aleph", "data", "check-align", "--captions",
+         str(pairings["aligned"]), "--targets", str(targets), "--tokenizer",
+         str(smoke.tokenizer_dir), "--sample", str(SAMPLE)],
+        capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, (r.returncode, r.stderr)
+    assert f"{first}: target row 5 (row 5 of the targets) holds NaN or Inf" in r.stderr
+    print(r.stderr.strip())
+
+
+def test_targets_naming_a_fifo_is_one_line_saying_what_it_is(smoke, pairings, tmp_path):
+    fifo = tmp_path / "targets.npy"
+    os.mkfifo(fifo)
+    r = subprocess.run(
+        [sys.executable, "-m", "aleph", "data", "check-align", "--captions",
+         str(pairings["aligned"]), "--targets", str(fifo), "--tokenizer",
+         str(smoke.tokenizer_dir)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"--targets {fifo} is a FIFO; expected a chunk file" in r.stderr
+    print(r.stderr.strip())
