@@ -17,7 +17,7 @@ from aleph.campaign.spec import (
     resolve_configs,
 )
 from aleph.campaign.state import COMPLETE, FAILED, LAUNCH_LOGS
-from aleph.errors import ConfigError
+from aleph.errors import EXIT_STOPPED, ConfigError
 from aleph.train.identity import utc_now
 
 FAILED_EXIT = 1  # some run failed (retries used up, or refused) or could not be evaluated
@@ -27,8 +27,9 @@ def run_campaign(spec: Spec, devices: str, eval_opts: finish.EvalOptions, *, ret
                  retry_failed: bool = False, published: bool | None = None,
                  repo: Path | None = None, poll_seconds: float = 1.0,
                  options: dict | None = None, out: TextIO = sys.stdout) -> int:
-    """0: every run complete and evaluated, or stopped by SIGTERM/SIGINT (resumable);
-    1: some run failed or could not be evaluated (the rest is still reported)."""
+    """0: every run complete and evaluated; errors.EXIT_STOPPED (76): stopped by
+    SIGTERM/SIGINT (resumable: the same command continues); 1: some run failed or could
+    not be evaluated (the rest is still reported)."""
     if retries < 0:
         raise ConfigError(f"--retries {retries}: expected an integer >= 0")
     if poll_seconds <= 0:
@@ -60,7 +61,7 @@ def run_campaign(spec: Spec, devices: str, eval_opts: finish.EvalOptions, *, ret
                                   "outputs": outputs}
         c.state.save()
     if c.stopping:
-        return 0
+        return EXIT_STOPPED
     return FAILED_EXIT if failed else 0
 
 

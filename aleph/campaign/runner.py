@@ -11,8 +11,9 @@ next step, so a SIGKILL at any point leaves a state a restart continues from:
 - the run lock (aleph.train.identity.RunLock) stays the single source of truth: a run held
   by any other launch is reported and waited for, and a trainer that loses a race for the
   lock exits 75 and changes nothing.
-SIGTERM/SIGINT: each running trainer gets one SIGTERM (it checkpoints and exits 0), the
-campaign waits for them, records them as stopped (not a failure) and exits 0.
+SIGTERM/SIGINT: each running trainer gets one SIGTERM (it checkpoints and exits 76,
+errors.EXIT_STOPPED), the campaign waits for them, records them as stopped (not a failure)
+and exits 76 too.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from aleph.campaign.state import (
     State,
     campaign_dir,
 )
-from aleph.errors import RunLocked
+from aleph.errors import EXIT_STOPPED, RunLocked
 from aleph.train.identity import RunLock, hostname, utc_now
 
 LOCKED_EXIT = RunLocked.exit_code  # 75: another launch holds the run lock
@@ -318,13 +319,13 @@ class Campaign:
             entry["outcome"] = "locked"
             self._locked(rid, rundirs.error_line(log))
             return
-        if self.stopping and (rc == 0 or rc == -signal.SIGTERM or rc is None):
+        if self.stopping and (rc == EXIT_STOPPED or rc == -signal.SIGTERM or rc is None):
             entry["outcome"] = "stopped"
             run.update(status=QUEUED, note=f"stopped by {self.stop_signal}; resumes on restart")
             self.say(f"{rid}: stopped ({what}); the next campaign launch resumes it")
             self.state.save()
             return
-        if rc == 0:
+        if rc == EXIT_STOPPED:
             entry["outcome"], reason = "stopped", "stopped by a signal from outside the campaign"
         elif rc is None and unwatched:
             entry["outcome"], reason = "lost", "ended while no campaign process watched it"

@@ -78,7 +78,7 @@ def test_resume_across_world_size_change(train_work, single):
     wait_for_log(run, "paused after step 3", first, timeout=240)
     first.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks
     first.communicate(timeout=120)
-    # (torchrun itself exits 1 after a SIGTERM; the ranks save and exit 0)
+    # (torchrun itself exits 1 after a SIGTERM; the ranks save and exit 76, EXIT_STOPPED)
     meta = json.loads((run / "checkpoints" / "step-00000003" / "meta.json").read_text())
     assert (meta["step"], meta["world_size"]) == (3, 2)
 
