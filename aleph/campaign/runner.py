@@ -121,6 +121,23 @@ class Campaign:
         self._reconcile()
         self._loop()
 
+    def adopt_finished(self) -> None:
+        """--finish-only (the Slurm finish job): no launch; each run is complete when its run
+        directory says so, any other is left queued and reported not finished."""
+        for rid in self.state.queue:
+            rd = rundirs.run_dir(self.configs[rid])
+            if not rundirs.is_complete(rd):
+                self.state.run(rid).update(status=QUEUED, note="not complete: not launched by "
+                                           "--finish-only (aleph campaign status)")
+                self.say(f"{rid}: not complete; --finish-only launches nothing")
+                continue
+            conflict = rundirs.config_conflict(rd, self.configs[rid])
+            if conflict:
+                self._fail(rid, conflict)
+            else:
+                self._complete(rid, "complete in its run directory")
+        self.state.save()
+
     def _on_signal(self, signum, frame) -> None:
         if self.stop_signal is None:
             self.stop_signal = signal.Signals(signum).name
