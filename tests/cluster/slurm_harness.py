@@ -114,7 +114,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=2,sched_min_interval=0
+SchedulerParameters=sched_interval=1,bf_interval=1
 ReturnToService=2
 KillWait={KILL_WAIT}
 JobRequeue=1

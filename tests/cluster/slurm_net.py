@@ -61,7 +61,7 @@ def netns_pids(ns: str) -> list[int]:
     return [int(x) for x in p.stdout.split()] if p.returncode == 0 else []
 
 
-def kill_netns_processes(ns: str, grace: float = 5.0) -> None:
+def kill_netns_processes(ns: str, grace: float = 3.0) -> None:
     """SIGTERM every process in namespace ns, SIGKILL what is left after grace seconds."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
         pids = netns_pids(ns)
