@@ -13,6 +13,7 @@ the terminal summary.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -72,8 +73,10 @@ def _install_if_missing() -> None:
 def _leftovers(c: Cluster) -> list[str]:
     """What of cluster c is still on this machine (namespaces, links, processes, files)."""
     token = c.net.token
-    left = [ns for ns in sh(["ip", "netns", "list"]).stdout.split() if token in ns]
-    left += [ln for ln in sh(["ip", "-o", "link"]).stdout.split() if token in ln]
+    left = [ns for ns in sh(["ip", "netns", "list"]).stdout.split()
+            if ns.startswith(f"aleph-slurm-{token}-")]
+    left += [link["ifname"] for link in json.loads(sh(["ip", "-j", "link"]).stdout or "[]")
+             if link["ifname"].startswith((f"alsb{token}", f"als{token}h"))]
     left += [f"pid {p.pid}" for p in c.procs if p.poll() is None]
     if c.dir.exists():
         left.append(str(c.dir))

@@ -46,6 +46,13 @@ def _networks_in_use() -> list[ipaddress.IPv4Network]:
     return nets
 
 
+def _devices_in(subnet: ipaddress.IPv4Network) -> list[str]:
+    """The devices holding an IPv4 address inside subnet."""
+    return [a["ifname"] for a in json.loads(sh(["ip", "-j", "-4", "addr"]).stdout or "[]")
+            for info in a.get("addr_info", [])
+            if ipaddress.ip_address(info["local"]) in subnet]
+
+
 def free_subnet(rng: random.Random) -> ipaddress.IPv4Network:
     """A /24 under PREFIX that overlaps no address or route of this machine."""
     used = _networks_in_use()
@@ -96,12 +103,24 @@ class Net:
         return str(self.subnet.network_address + index)
 
     def up(self) -> None:
-        """The bridge, with the host's address on it (link scope: it reaches only the bridge)."""
+        """The bridge, with the host's address on it (link scope: it reaches only the bridge).
+
+        Another session may have picked the same /24 at the same moment: when the subnet
+        shows up on a second device, ours steps back to a fresh one.
+        """
         name = f"alsb{self.token}"
         sh(["ip", "link", "add", name, "type", "bridge"])
         self.bridge = name
-        sh(["ip", "addr", "add", f"{self.host_address}/{self.subnet.prefixlen}",
-            "dev", name])
+        for _ in range(5):
+            cidr = f"{self.host_address}/{self.subnet.prefixlen}"
+            sh(["ip", "addr", "add", cidr, "dev", name])
+            if not [d for d in _devices_in(self.subnet) if d != name]:
+                break
+            sh(["ip", "addr", "del", cidr, "dev", name])
+            time.sleep(random.random())
+            self.subnet = free_subnet(random.SystemRandom())
+        else:
+            raise RuntimeError(f"no {PREFIX}.X.0/24 stayed ours for bridge {name}")
         sh(["ip", "link", "set", name, "up"])
 
     def add_namespace(self, role: str, index: int) -> str:
