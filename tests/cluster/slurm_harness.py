@@ -19,7 +19,7 @@ slurm.conf(5): "This also controls how long a requeued job must wait before star
 again. The default value is 120 seconds." Measured here with CRED_EXPIRE=10: `scontrol
 requeue` to RUNNING again in 10.9 s (EligibleTime = requeue + 11 s), against 121 s by
 default. SchedulerParameters=sched_interval=1,bf_interval=1: without it the main scheduler
-(every 60 s) started an eligible requeued job only 47 s after its EligibleTime.
+(every 60 s) started an eligible requeued job only about 46 s after its EligibleTime.
 MinJobAge=3600 keeps finished jobs visible to `scontrol show job` for the whole session.
 Constants for tests: GRACE_TIME, KILL_WAIT, CRED_EXPIRE, CPUS_PER_NODE (2 per node).
 
@@ -79,8 +79,8 @@ _FIELD = re.compile(r"(\S+?)=(.*?)(?= \S+?=|$)")
 
 
 def missing_binaries() -> list[str]:
-    return [b for b in ("slurmctld", "slurmd", "munged", "sbatch", "ip", "unshare")
-            if shutil.which(b) is None]
+    return [b for b in ("slurmctld", "slurmd", "munged", "mungekey", "sbatch", "srun", "ip",
+                        "unshare", "nsenter") if shutil.which(b) is None]
 
 
 def slurm_conf(d: Path, net: Net, munge_socket: Path) -> str:
