@@ -10,7 +10,8 @@ the bridge. Mount namespaces share the host's filesystem, so a work root made un
 session's temp dir, the checkout and its .venv are at the same path on every node. Jobs
 run as the test's user (root) with the submitting process's environment.
 
-Settings (docs: /work/shared/CLUSTER-FACTS.md): proctrack/linuxproc, task/none, no
+Settings (those measured to work for several slurmds on one kernel): proctrack/linuxproc,
+task/none (no shared cgroup tree), no
 accounting (no sacct), cons_tres + CR_Core, config_overrides, ReturnToService=2,
 KillWait=10, JobRequeue=1, partitions `normal` (PriorityTier 1, Default) and `high`
 (PriorityTier 2) with preempt/partition_prio, PreemptMode=REQUEUE, GraceTime=GRACE_TIME,
@@ -36,8 +37,9 @@ Fixture API (tests/cluster/conftest.py):
 - `Cluster.work` -> a directory on the shared filesystem for job files (a tmp dir).
 - `Cluster.run(argv, timeout=60, check=True, **kw)` -> CompletedProcess: any command
   with `env` (extra `env=` entries are merged over it).
-- `Cluster.submit(script, *sbatch_args, cwd=None)` -> job id (str): `script` is a path or
-  the script's text (written under `work`); sbatch --parsable; "JOB" or "ARRAYJOB".
+- `Cluster.submit(script, *sbatch_args, cwd=None)` -> job id (str): `script` is a Path
+  (any os.PathLike) or, as a str, the script's text (written under `work`); sbatch
+  --parsable, run in `cwd` (default `work`); an array's id is "ARRAYJOB".
 - `Cluster.job(job_id)` -> dict of `scontrol show -o job ID` fields ({} when unknown);
   for an array element pass "ARRAYJOB_TASK". `Cluster.jobs(job_id)` -> list of dicts
   (an array's elements, each with ArrayJobId/ArrayTaskId).
