@@ -6,9 +6,13 @@ each array element ran on.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_srun_spans_both_nodes(slurm):
@@ -36,3 +40,15 @@ echo "$SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID $(hostname)"
         assert fields["NodeList"] == line[2]
         print(f"array {job} element {task}: ran on {line[2]} (JobId {fields['JobId']})")
     assert sorted(hosts.values()) == sorted(slurm.nodes)
+
+
+def test_nodes_run_the_checkouts_python_on_the_shared_work_root(slurm):
+    # What every case relies on: the .venv interpreter and the checkout at the same paths on
+    # each node, and a file a job writes visible at once to the test process.
+    probe = ("import socket, sys, aleph; from pathlib import Path; "
+             "Path(sys.argv[1], socket.gethostname()).write_text(aleph.__file__)")
+    slurm.run(["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-c", probe,
+               str(slurm.work)], env={"PYTHONPATH": str(REPO)}, timeout=120)
+    for node in slurm.nodes:
+        assert (slurm.work / node).read_text() == str(REPO / "aleph" / "__init__.py")
+    print(f"{sys.executable} imported {REPO / 'aleph'} on {', '.join(slurm.nodes)}")
