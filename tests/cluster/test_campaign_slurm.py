@@ -181,7 +181,8 @@ def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, smoke_data
         ref_array, _ = _submit(slurm, ref_work, "ref", *extra)
     text = _stop_at_time_limit(slurm, work, name, array)
     print(f"{layout}: element {array}_0")
-    _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step", "resume state saved")
+    _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step", "resume state saved",
+           "a2_dense-s0: stopped (")
     assert f"stopped by SIGTERM after step {PAUSE}" in text
     assert f"resume: step {PAUSE}," in text
     assert "requeues so far 1 (limit 2)" in text
@@ -213,6 +214,7 @@ def test_preemption_by_the_high_partition_stops_requeues_and_resumes(slurm, smok
     text = log.read_text()
     _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step")
     assert f"stopped by SIGTERM after step {PAUSE}" in text and f"resume: step {PAUSE}," in text
+    assert "requeues so far 1 (limit 3)" in text
     assert _weights(work) == reference_one
     print(f"preemption: final weights bitwise equal to the uninterrupted run ({reference_one})")
 
