@@ -100,12 +100,16 @@ def _environment(site: Site, lay: Layout) -> list[str]:
 
 
 def _container(site: Site, lay: Layout) -> str:
-    """What goes between `srun [options]` and the command: the container runner, if any."""
+    """What goes between `srun [options]` and the command: the container runner, if any,
+    then `env ALEPH_WORK=...` inside it (an image's own ALEPH_WORK, /workspace in the
+    project's, may take precedence over the job's environment: Apptainer gives image
+    variables the last word)."""
+    inside = f"env ALEPH_WORK={q(lay.work)} "
     if site.container_image:
         return (f"--container-image={q(site.container_image)} "
-                f"--container-mounts={q(f'{lay.work}:{lay.work}')} ")
+                f"--container-mounts={q(f'{lay.work}:{lay.work}')} {inside}")
     if site.container_exec:
-        return shlex.join(shlex.split(site.container_exec)) + " "
+        return shlex.join(shlex.split(site.container_exec)) + " " + inside
     return ""
 
 
