@@ -65,8 +65,7 @@ def run_slurm(spec: Spec, site: Site, eval_opts: finish.EvalOptions, *, submit: 
               dry_run: bool = False, published: bool | None = None, repo: str | None = None,
               extraction: Extraction | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout  # looked up now: a caller may have replaced it
-    check_runs(spec, site)
-    finish.check_eval_inputs(resolve_configs(spec), eval_opts)
+    finish.check_eval_inputs(check_runs(spec, site), eval_opts)
     if submit and shutil.which("sbatch") is None:
         raise ConfigError("--submit: no sbatch on this host; run this on a login node of the "
                           "cluster, or drop --submit and submit the scripts there")
@@ -76,6 +75,8 @@ def run_slurm(spec: Spec, site: Site, eval_opts: finish.EvalOptions, *, submit: 
                     extraction=extraction)
     sdir = lay.dir(spec)
     if dry_run:
+        if note:
+            print(f"# {note}", file=out)
         for name, text in texts.items():
             print(f"# ===== {sdir / name} =====", file=out)
             print(text, end="", file=out)
