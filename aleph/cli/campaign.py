@@ -24,8 +24,10 @@ def register(subparsers) -> None:
         "duplicated; a failed run is retried --retries times. Then each run is evaluated (aleph "
         "eval), the E1 table written (aleph report; published rows for e1) and every pair "
         "compared (aleph runs diff). State: <work root>/campaigns/<name>/campaign.json; the same "
-        "command continues a killed campaign. SIGTERM/SIGINT: the trainers checkpoint, exit 0. "
-        "Exit 1 when a run failed or could not be evaluated.")
+        "command continues a killed campaign. SIGTERM/SIGINT: the trainers save a resume state; "
+        "exit 76 (stopped, resumable). Exit 1 when a run failed or could not be evaluated. "
+        "--on slurm writes sbatch scripts instead (Slurm schedules; docs/cluster.md); "
+        "`aleph campaign status NAME` shows where each run stands.")
     p.add_argument("--arms", nargs="+", default=list(ALL_ARMS), metavar="ARM",
                    help=f"arms to run (default: {' '.join(ALL_ARMS)})")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1], metavar="SEED",
