@@ -54,3 +54,11 @@ class NonFiniteError(AlephError):
 class PeerLost(RuntimeError):
     """A rank of a distributed launch stopped answering (its heartbeat in the c10d store
     stalled, or the store itself went away). Not a refusal: the launch failed (exit 1)."""
+
+
+EXIT_STOPPED = 76
+"""Exit status of a command stopped by SIGTERM/SIGINT (any number of them) that recorded the
+stop and can be resumed by running it again: `aleph train`, `aleph campaign`, `aleph targets
+extract` and `consensus`. Distinct from complete (0), refused (2), drift (3), non-finite (65)
+and locked (75, EX_TEMPFAIL: try again later, as here), so a scheduler's script can tell a
+stop to requeue from a failure."""

@@ -17,7 +17,7 @@ from aleph.campaign.spec import (
     resolve_configs,
 )
 from aleph.campaign.state import COMPLETE, FAILED, LAUNCH_LOGS
-from aleph.errors import ConfigError
+from aleph.errors import EXIT_STOPPED, ConfigError
 from aleph.train.identity import utc_now
 
 FAILED_EXIT = 1  # some run failed (retries used up, or refused) or could not be evaluated
@@ -26,9 +26,12 @@ FAILED_EXIT = 1  # some run failed (retries used up, or refused) or could not be
 def run_campaign(spec: Spec, devices: str, eval_opts: finish.EvalOptions, *, retries: int = 2,
                  retry_failed: bool = False, published: bool | None = None,
                  repo: Path | None = None, poll_seconds: float = 1.0,
-                 options: dict | None = None, out: TextIO = sys.stdout) -> int:
-    """0: every run complete and evaluated, or stopped by SIGTERM/SIGINT (resumable);
-    1: some run failed or could not be evaluated (the rest is still reported)."""
+                 options: dict | None = None, finish_only: bool = False,
+                 out: TextIO = sys.stdout) -> int:
+    """0: every run complete and evaluated; errors.EXIT_STOPPED (76): stopped by
+    SIGTERM/SIGINT (resumable: the same command continues); 1: some run failed or could
+    not be evaluated (the rest is still reported), or, with finish_only (nothing launched:
+    the Slurm finish job), some run is not complete."""
     if retries < 0:
         raise ConfigError(f"--retries {retries}: expected an integer >= 0")
     if poll_seconds <= 0:
@@ -47,7 +50,10 @@ def run_campaign(spec: Spec, devices: str, eval_opts: finish.EvalOptions, *, ret
     c = Campaign(spec, configs, devs, retries=retries, retry_failed=retry_failed,
                  poll_seconds=poll_seconds, out=out)
     with c.session(options):
-        c.schedule()
+        if finish_only:
+            c.adopt_finished()
+        else:
+            c.schedule()
         eval_errors = {} if c.stopping else finish.evaluate(c, eval_opts)
         outputs = _where(c)
         if not c.stopping:
@@ -55,12 +61,13 @@ def run_campaign(spec: Spec, devices: str, eval_opts: finish.EvalOptions, *, ret
         text = finish.summary(c, eval_errors, outputs)
         atomic_write_text(c.dir / "summary.md", text)
         print(text, end="", file=out, flush=True)
-        failed = bool(c.state.with_status(FAILED) or eval_errors)
+        failed = bool(c.state.with_status(FAILED) or eval_errors
+                      or (finish_only and len(c.state.with_status(COMPLETE)) < len(c.state.queue)))
         c.state.data["finish"] = {"at": utc_now(), "stopped": c.stopping, "failed": failed,
                                   "outputs": outputs}
         c.state.save()
     if c.stopping:
-        return 0
+        return EXIT_STOPPED
     return FAILED_EXIT if failed else 0
 
 

@@ -11,8 +11,9 @@ next step, so a SIGKILL at any point leaves a state a restart continues from:
 - the run lock (aleph.train.identity.RunLock) stays the single source of truth: a run held
   by any other launch is reported and waited for, and a trainer that loses a race for the
   lock exits 75 and changes nothing.
-SIGTERM/SIGINT: each running trainer gets one SIGTERM (it checkpoints and exits 0), the
-campaign waits for them, records them as stopped (not a failure) and exits 0.
+SIGTERM/SIGINT: each running trainer gets one SIGTERM (it checkpoints and exits 76,
+errors.EXIT_STOPPED), the campaign waits for them, records them as stopped (not a failure)
+and exits 76 too.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from aleph.campaign.state import (
     State,
     campaign_dir,
 )
-from aleph.errors import RunLocked
+from aleph.errors import EXIT_STOPPED, RunLocked
 from aleph.train.identity import RunLock, hostname, utc_now
 
 LOCKED_EXIT = RunLocked.exit_code  # 75: another launch holds the run lock
@@ -119,6 +120,23 @@ class Campaign:
                  f"{', '.join(d.describe() for d in self.devices)}; state {self.state.path}")
         self._reconcile()
         self._loop()
+
+    def adopt_finished(self) -> None:
+        """--finish-only (the Slurm finish job): no launch; each run is complete when its run
+        directory says so, any other is left queued and reported not finished."""
+        for rid in self.state.queue:
+            rd = rundirs.run_dir(self.configs[rid])
+            if not rundirs.is_complete(rd):
+                self.state.run(rid).update(status=QUEUED, note="not complete: not launched by "
+                                           "--finish-only (aleph campaign status)")
+                self.say(f"{rid}: not complete; --finish-only launches nothing")
+                continue
+            conflict = rundirs.config_conflict(rd, self.configs[rid])
+            if conflict:
+                self._fail(rid, conflict)
+            else:
+                self._complete(rid, "complete in its run directory")
+        self.state.save()
 
     def _on_signal(self, signum, frame) -> None:
         if self.stop_signal is None:
@@ -318,13 +336,13 @@ class Campaign:
             entry["outcome"] = "locked"
             self._locked(rid, rundirs.error_line(log))
             return
-        if self.stopping and (rc == 0 or rc == -signal.SIGTERM or rc is None):
+        if self.stopping and (rc == EXIT_STOPPED or rc == -signal.SIGTERM or rc is None):
             entry["outcome"] = "stopped"
             run.update(status=QUEUED, note=f"stopped by {self.stop_signal}; resumes on restart")
             self.say(f"{rid}: stopped ({what}); the next campaign launch resumes it")
             self.state.save()
             return
-        if rc == 0:
+        if rc == EXIT_STOPPED:
             entry["outcome"], reason = "stopped", "stopped by a signal from outside the campaign"
         elif rc is None and unwatched:
             entry["outcome"], reason = "lost", "ended while no campaign process watched it"

@@ -92,6 +92,18 @@ def _train(args) -> int:
             return 0
         from aleph.train.run import train
 
-        return train(cfg, tracer, name=args.name, again=again_command(args))
+        try:
+            return train(cfg, tracer, name=args.name, again=again_command(args))
+        finally:
+            _ignore_stops()
     finally:
         tracer.close_window()
+
+
+def _ignore_stops() -> None:
+    """The launch has ended and recorded how: a SIGTERM/SIGINT still arriving (Slurm's second,
+    torchrun's forwarded ones) must not turn the exit status into a death by signal."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)

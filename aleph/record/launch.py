@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Launch statuses: 'running' while the launch lives; then 'complete' (all steps done),
-# 'stopped' (SIGTERM/SIGINT: exit 0, resumable), 'failed' (an error, with its exit status)
+# 'stopped' (SIGTERM/SIGINT: exit 76, errors.EXIT_STOPPED, resumable), 'failed' (an error, with its exit status)
 # or 'lost' (set by a later launch for one that died without recording its end).
 RUNNING, COMPLETE, STOPPED, FAILED, LOST = "running", "complete", "stopped", "failed", "lost"
 STATUSES = (RUNNING, COMPLETE, STOPPED, FAILED, LOST)

@@ -18,6 +18,7 @@ import datetime as _dt
 from collections import Counter
 from pathlib import Path
 
+from aleph.errors import EXIT_STOPPED
 from aleph.record.launch import (
     COMPLETE,
     NOOP,
@@ -92,7 +93,7 @@ def _status_findings(r: LaunchRecord, last_trained: bool, finished_later: bool,
                      status, code) -> list[tuple[str, str]]:
     """How a launch that trained ended, judged by the trainer's statuses (aleph.record.launch).
 
-    complete/exit 0: nothing to say. stopped/exit 0 before a later launch: an ordinary
+    complete/exit 0: nothing to say. stopped/exit 76 (EXIT_STOPPED) before a later launch: an ordinary
     resume (the launch count names it). failed, lost, running, or a non-zero exit status:
     a caveat, a blocker when it is the last launch that trained and no later one found the
     run complete; so is such a last launch that stopped: the run did not finish. A status
@@ -104,7 +105,7 @@ def _status_findings(r: LaunchRecord, last_trained: bool, finished_later: bool,
         text = (f"{name} has status {status!r}, which the trainer does not write "
                 f"({', '.join(STATUSES)}): how it ended is unknown")
         return [("blocker", text + ": the run may not have finished")] if last else [("caveat", text)]
-    if status in (COMPLETE, STOPPED) and code == 0 and (status == COMPLETE or not last):
+    if (status, code) == (COMPLETE, 0) or ((status, code) == (STOPPED, EXIT_STOPPED) and not last):
         return []
     ended = (f"{name} ended {status} with exit status {code}" if code is not None
              else f"{name} ended {status} (no exit status recorded)")

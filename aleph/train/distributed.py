@@ -1,8 +1,9 @@
 """Rank/world abstraction over torch.distributed, so the trainer is written once.
 
 A single process is a world of size 1 and every collective is the identity. Under
-torchrun (RANK/WORLD_SIZE/LOCAL_RANK in the environment) the process group is created
-with NCCL on CUDA and gloo on CPU. Rank 0 is the only writer of the run directory.
+torchrun (RANK/WORLD_SIZE/LOCAL_RANK in the environment), or under srun with two or more
+tasks in the step (srun-native: aleph.train.srun), the process group is created with NCCL on
+CUDA and gloo on CPU. Rank 0 is the only writer of the run directory.
 
 Semantics of the global batch: `batch_size` is the number of rows per optimiser step
 over ALL ranks. Each rank encodes its contiguous slice of the step's global batch; the
@@ -21,12 +22,14 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from aleph.errors import ConfigError, PeerLost
+from aleph.train import srun
 from aleph.train.peers import Peers
 
 
@@ -44,6 +47,8 @@ class World:
     """Where small control tensors live for collectives: NCCL only moves CUDA tensors."""
     peers: Peers | None = field(default=None, compare=False, repr=False)
     """Heartbeats and the polling barrier (None in a world of one)."""
+    port_file: Path | None = field(default=None, compare=False, repr=False)
+    """srun-native rank 0's published rendezvous port (removed at shutdown)."""
 
     @property
     def is_main(self) -> bool:
@@ -141,6 +146,8 @@ class World:
             self.peers.close()
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
+        if self.port_file is not None:
+            self.port_file.unlink(missing_ok=True)
 
 
 COLLECTIVE_ERRORS = ("gloo", "NCCL", "Timed out", "timed out", "Connection closed by peer",
@@ -182,18 +189,29 @@ def init_world(device_kind: str, timeout_s: float,
     """World from torchrun's environment (size 1 without it); joins the process group, whose
     collectives time out after `timeout_s` (config field collective_timeout_s), and starts
     this rank's heartbeat thread (inside the context `in_thread()`: the code tracer)."""
-    size = _env_int("WORLD_SIZE") or 1
-    if size == 1:
-        return World()
-    rank, local = _env_int("RANK"), _env_int("LOCAL_RANK")
-    if rank is None or local is None:
-        raise ConfigError("WORLD_SIZE is set but RANK/LOCAL_RANK are not: launch with torchrun")
+    by_srun = srun.srun_ranks()
+    if by_srun is not None:
+        rank, local, size = by_srun
+    else:
+        size = _env_int("WORLD_SIZE") or 1
+        if size == 1:
+            return World()
+        rank, local = _env_int("RANK"), _env_int("LOCAL_RANK")
+        if rank is None or local is None:
+            raise ConfigError("WORLD_SIZE is set but RANK/LOCAL_RANK are not: launch with torchrun")
     backend = "nccl" if device_kind == "cuda" else "gloo"
-    if device_kind == "cuda":
+    if device_kind == "cuda":  # srun --gpus-per-task: each task sees its one GPU as cuda:0
+        local = 0 if torch.cuda.device_count() == 1 else local
         torch.cuda.set_device(local)
     # Short: a hung rank is found in minutes. Rank 0's long one-off work (a 49 GB store
     # build) is waited for in World.on_main's polling barrier, never in a collective.
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    timeout, port_file = timedelta(seconds=timeout_s), None
+    if by_srun is not None:
+        store, port_file = srun.rendezvous_store(rank, size, timeout_s)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=size,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend=backend, timeout=timeout)
     device = f"cuda:{local}" if device_kind == "cuda" else "cpu"
     world = World(rank=rank, size=size, local_rank=local, collective_device=device)
     try:
@@ -203,8 +221,10 @@ def init_world(device_kind: str, timeout_s: float,
                       timeout_s, in_thread)
     except BaseException:
         dist.destroy_process_group()
+        srun.release(port_file)
         raise
-    return World(rank=rank, size=size, local_rank=local, collective_device=device, peers=peers)
+    return World(rank=rank, size=size, local_rank=local, collective_device=device, peers=peers,
+                 port_file=port_file)
 
 
 def check_divisible(batch_size: int, world: World) -> int:

@@ -7,7 +7,7 @@
                                             # (defer_step_sync: returns the step before)
         t.pos = advance(...)                # the data position a resume state records
         progress, resume states, weights    # on their cadences (after_step)
-        stop?                               # SIGTERM/SIGINT: save, exit 0 (signals.py)
+        stop?                               # SIGTERM/SIGINT: save, exit 76 (signals.py)
       finish(t)                             # final resume state, weights/final, metrics
 """
 

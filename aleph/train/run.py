@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from aleph._io import atomic_write_json, read_json
-from aleph.errors import AlephError, ConfigError, PeerLost, RunLocked
+from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost, RunLocked
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
 from aleph.record.launch import choose_action
@@ -41,15 +41,16 @@ from aleph.train.identity import (  # noqa: F401  (run_dir_for: the trainer's ru
     run_ref,
 )
 from aleph.train.loop import train_loop
-from aleph.train.signals import StopFlag, StopRequested
+from aleph.train.signals import StopFlag, StopRequested, preflight_pause
 from aleph.train.trainer import build_trainer
 
 
 def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = None,
           again: str | None = None) -> int:
     """Run (or resume) `runs/<name>` (default: identity.run_name of the config, e.g.
-    `runs/a1_anchored-s1` for e1, `runs/smoke/a2_dense-s0` otherwise); returns the exit code
-    (0 also when stopped).
+    `runs/a1_anchored-s1` for e1, `runs/smoke/a2_dense-s0` otherwise); returns the exit code:
+    0 complete, errors.EXIT_STOPPED (76) stopped by any number of SIGTERM/SIGINT (recorded;
+    the same command resumes).
 
     `tracer`: the executed-code tracer the CLI started before resolving the config
     (aleph.record.fingerprint); one is started here for other callers. `again`: the command
@@ -57,6 +58,23 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
     """
     tracer = tracer if tracer is not None else Tracer().start()
     run_dir = run_dir_for(cfg, name)  # a bad --name fails here, before anything else
+    # From here on a stop is one stop, whenever it comes: before the lock it ends the launch
+    # at once (nothing is written yet), then it is recorded (see _launch).
+    stop = StopFlag("interrupt")
+    try:
+        return _locked_launch(cfg, tracer, run_dir, name, again, stop)
+    except StopRequested as e:
+        print(f"aleph train: stopped by {e.signame} before the launch was recorded (while "
+              f"checking the inputs or taking the run lock); nothing was written; run the same "
+              f"command again to start it", flush=True)
+        return EXIT_STOPPED
+    finally:
+        stop.restore()  # last: a signal during the shutdown above is still one stop
+
+
+def _locked_launch(cfg: TrainConfig, tracer: Tracer, run_dir: Path, name: str | None,
+                   again: str | None, stop: StopFlag) -> int:
+    """The world, the input checks, the run lock, then the launch; releases all three."""
     wants_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.hf_token:  # huggingface_hub reads it for gated captions/tokenizer downloads
         os.environ["HF_TOKEN"] = cfg.hf_token
@@ -64,13 +82,13 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     world = init_world("cuda" if wants_cuda else "cpu", cfg.collective_timeout_s,
                        tracer.in_this_thread)
-    lock, stop = None, None
+    lock = None
     try:
         check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
         if world.is_main:
             print(f"aleph train: run {run_ref(run_dir)} in {run_dir}; checking the inputs first "
                   "(nothing is written until they pass)", flush=True)
-        inputs = _checked_inputs(cfg, world)  # before the run directory exists
+        inputs = _checked_inputs(cfg, world, stop)  # before the run directory exists
         preflight.check_e1_device(cfg, wants_cuda)  # so is this refusal: no trace
         older = legacy.older_layout(cfg, run_dir) if world.is_main and name is None else None
         if older is not None and not run_dir.exists():
@@ -80,29 +98,29 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
                   f"`mv {older} {run_dir}` and relaunch",
                   flush=True)
         lock = RunLock(run_dir)
+        # Flag mode while the lock is taken and the launch recorded: a stop meanwhile is
+        # raised by _launch once the launch is on record, so it ends recorded as 'stopped'.
+        stop.set_mode("flag")
         launch_id = _lock_and_name(lock, world)
-        # Stop handlers from the moment the lock is held: a SIGTERM/SIGINT during store
-        # builds must end this launch as 'stopped', not kill it (the next launch would
-        # then find it 'running' and mark it 'lost').
-        stop = StopFlag("flag")
         return _launch(cfg, world, run_dir, launch_id, stop, inputs, tracer, again)
     finally:
         tracer.close_window()
-        if stop is not None:
-            stop.restore()
         if lock is not None:
             lock.release()
         world.shutdown()
 
 
-def _checked_inputs(cfg: TrainConfig, world: World) -> preflight.Inputs:
+def _checked_inputs(cfg: TrainConfig, world: World, stop: StopFlag) -> preflight.Inputs:
     """Rank 0 checks the inputs (preflight.check_inputs); every rank gets its sources or
     raises rank 0's refusal, so all ranks stop alike and nothing has been written."""
     def waiting(line: str) -> None:
         print(f"aleph train: rank {world.rank}: {line}", flush=True)
 
-    got = world.on_main("checking the inputs", lambda: preflight.check_inputs(cfg, say=_console),
-                        waiting, share=lambda inputs: inputs.sources)
+    def check() -> preflight.Inputs:
+        preflight_pause("inputs", _console, stop)
+        return preflight.check_inputs(cfg, say=_console)
+
+    got = world.on_main("checking the inputs", check, waiting, share=lambda inputs: inputs.sources)
     return got if world.is_main else preflight.Inputs(got)
 
 
@@ -175,6 +193,7 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
             raise PeerLost(lost) from e
         raise
     finally:
+        exit_status = EXIT_STOPPED if status == outputs.STOPPED else exit_status
         _end(manifest, monitor, tracer, launch_id, exit_status, status, note, refused)
         if error is None:
             log(f"launch ended: {status}{': ' + note if note else ''}")
@@ -183,7 +202,7 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
         if syncer is not None:  # the final sync, after the end is recorded (so the copy says how it ended)
             syncer.finish()
         log.close()
-    return 0
+    return EXIT_STOPPED if status == outputs.STOPPED else 0
 
 
 def summary(run_dir: Path, status: str, log_path: Path, again: str | None,

@@ -1,8 +1,12 @@
 """Stop signals and the test pause hooks of a launch.
 
-SIGTERM/SIGINT (`docker compose stop`, Ctrl-C, torchrun forwarding) end a launch cleanly:
-before the first step by raising StopRequested, in the step loop by setting a flag the loop
-reads after each step. The pause hooks let tests stop or kill a real run at a known point.
+SIGTERM/SIGINT (`docker compose stop`, Ctrl-C, torchrun forwarding, Slurm's time limit and
+preemption) end a launch cleanly: before the first step by raising StopRequested, in the step
+loop by setting a flag the loop reads after each step. Any number of them is one stop: Slurm
+sends SIGTERM twice within milliseconds at a time limit (slurmstepd, then srun), and torchrun
+forwards its own again, so a second signal must not kill the save the first one started.
+SIGKILL is the force (and Ctrl-\\, SIGQUIT, in a terminal). The pause hooks let tests stop or
+kill a real run at a known point.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from aleph.errors import ConfigError
 
 
 class StopRequested(BaseException):
-    """A stop signal arrived during preflight (before the first step): the launch ends, exit 0.
+    """A stop signal arrived during preflight (before the first step): the launch ends with
+    errors.EXIT_STOPPED, recorded as stopped when the launch is already on record.
 
     A BaseException (like KeyboardInterrupt) so no `except Exception` in a store build
     swallows it. Every build it can interrupt writes to a temporary sibling (or a resumable
@@ -32,30 +37,34 @@ class StopRequested(BaseException):
 
 
 class StopFlag:
-    """SIGTERM/SIGINT handling of one launch, installed as soon as the run lock is held.
+    """SIGTERM/SIGINT handling of one launch, installed when `train` starts.
 
-    Two modes. 'interrupt' (preflight: store builds, model build, resume load): the
+    Two modes. 'interrupt' (input checks, store builds, model build, resume load): the
     handler raises StopRequested at once, so a long store build does not outlive
-    `docker compose stop`'s grace period. 'flag' (the step loop, and the short stretch
-    before the launch is in the manifest): the handler only sets a flag; the loop finishes
-    the step, saves, and exits 0. `docker compose stop` sends SIGTERM; torchrun forwards it
-    to every rank. The first signal restores the previous handler, so a second one still
-    forces the stop.
+    `docker compose stop`'s grace period or Slurm's KillWait. 'flag' (the step loop, taking
+    the lock, recording the launch and its ending): the handler only sets a flag; the loop
+    finishes the step, saves, and the launch exits errors.EXIT_STOPPED. The handlers stay
+    until restore(): a repeated signal is counted (`repeats`) and changes nothing, in either
+    mode, since the first one already raised or set the flag.
     """
 
     def __init__(self, mode: str = "flag") -> None:
         self.event = threading.Event()
         self.signame = ""
         self.mode = "flag"
+        self.repeats = 0
+        """Signals after the first (each ignored: one stop)."""
         self._old = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._old[sig] = signal.signal(sig, self._handle)
         self.set_mode(mode)
 
     def _handle(self, signum, frame) -> None:
+        if self.event.is_set():  # already stopping: raising again would cut the save short
+            self.repeats += 1
+            return
         self.signame = signal.Signals(signum).name
         self.event.set()
-        signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
         if self.mode == "interrupt":
             raise StopRequested(self.signame)
 
@@ -77,7 +86,7 @@ class StopFlag:
 
 PAUSE_ENV = "ALEPH_TRAIN_PAUSE_AFTER_STEP"
 PREFLIGHT_PAUSE_ENV = "ALEPH_TRAIN_PAUSE_IN_PREFLIGHT"
-PREFLIGHT_PHASES = ("targets", "tokens", "model")
+PREFLIGHT_PHASES = ("inputs", "targets", "tokens", "model")
 
 
 def pause_step() -> int | None:
@@ -92,7 +101,8 @@ def pause_step() -> int | None:
 def preflight_pause(phase: str, log, stop: StopFlag) -> None:
     """Test hook: with ALEPH_TRAIN_PAUSE_IN_PREFLIGHT=<phase>, wait before that phase.
 
-    Phases: targets (target store), tokens (token store), model (build and resume load).
+    Phases: inputs (the input checks, before the lock: nothing written yet), targets (target
+    store), tokens (token store), model (build and resume load).
     The stop handlers are in 'interrupt' mode there, so the awaited signal ends the wait
     by raising StopRequested from the handler, as it would in the middle of a build.
     """

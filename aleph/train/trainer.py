@@ -83,7 +83,7 @@ def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str,
     """Header -> stores -> model: the launch's setup after the lock, in this order.
 
     Until the loop starts, the stop handlers are in 'interrupt' mode: a signal raises
-    signals.StopRequested wherever setup is (run.py records 'stopped', exit 0).
+    signals.StopRequested wherever setup is (run.py records 'stopped', exit 76).
     """
     # header: launch id; allocator cap; VRAM probe; config echo; resume line (in this order)
     monitor.phase = "header"

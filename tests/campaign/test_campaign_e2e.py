@@ -15,6 +15,7 @@ import pytest
 from aleph._io import sha256_file
 from aleph.campaign import procs, rundirs
 from aleph.env.hostinfo import format_cpulist
+from aleph.errors import EXIT_STOPPED
 from aleph.train.identity import RunLock, utc_now
 from tests.campaign.conftest import (
     REPO,
@@ -174,7 +175,7 @@ def test_campaign_killed_and_restarted_runs_every_run_once(campaign_work, tmp_pa
             state["runs"][rid]["weights_sha256"], rid
 
 
-def test_sigterm_stops_the_trainers_cleanly_and_exits_0(campaign_work):
+def test_sigterm_stops_the_trainers_cleanly_and_exits_76(campaign_work):
     work, name = campaign_work, "stop"
     proc = start(work, campaign_cmd(name, "--arms", "a2_dense", "--seeds", "3", "--devices",
                                     "cpu:1"), ALEPH_TRAIN_PAUSE_AFTER_STEP="2")
@@ -182,18 +183,19 @@ def test_sigterm_stops_the_trainers_cleanly_and_exits_0(campaign_work):
     wait_for("the trainer to pause after step 2",
              lambda: log.is_file() and "paused after step 2" in log.read_text(), proc)
     proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)  # a second one is the same stop
     out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == EXIT_STOPPED, out[-3000:]
     state = read_state(work, name)
     run = state["runs"]["a2_dense-s3"]
     (e,) = run["launches"]
     assert (run["status"], run["failures"]) == ("queued", 0)  # a stop is not a failure
-    assert (e["outcome"], e["exit_status"]) == ("stopped", 0)
+    assert (e["outcome"], e["exit_status"]) == ("stopped", EXIT_STOPPED)
     assert state["processes"][-1]["status"] == "stopped by SIGTERM"
     assert f"a2_dense-s3: SIGTERM sent to pid {e['pid']}" in out
     assert "# campaign stop: stopped (resumable" in out and "## E1 table" not in out
     rd = work / "runs" / "smoke" / "a2_dense-s3"
     (launch,) = json.loads((rd / "manifest.json").read_text())["launches"]
-    assert (launch["status"], launch["exit_status"]) == ("stopped", 0)
+    assert (launch["status"], launch["exit_status"]) == ("stopped", EXIT_STOPPED)
     assert (rd / "checkpoints" / "step-00000002" / "COMPLETE").is_file()  # it saved on SIGTERM
     assert not procs.alive(e["pid"], e["pid_start"])

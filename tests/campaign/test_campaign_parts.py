@@ -17,7 +17,7 @@ from aleph.campaign.runner import Campaign
 from aleph.campaign.spec import Device, check_devices, make_spec, parse_devices, resolve_configs
 from aleph.campaign.state import STATE_FILE, State, campaign_dir
 from aleph.cli import main
-from aleph.errors import ConfigError, DataError
+from aleph.errors import EXIT_STOPPED, ConfigError, DataError
 from aleph.train.identity import RunLock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,10 +177,10 @@ def test_a_refusal_is_not_retried_and_a_locked_run_is_waited_for(work):
 def test_a_stop_is_not_a_failure_unless_it_came_from_outside(work):
     c = _campaign()
     run = c.state.run("a2_dense-s0")
-    e = _ended(c, 0, "stopped by SIGTERM after step 3")  # someone else stopped the trainer
+    e = _ended(c, EXIT_STOPPED, "stopped by SIGTERM after step 3")  # someone else stopped the trainer
     assert (run["status"], run["failures"], e["outcome"]) == ("queued", 1, "stopped")
     c.stop_signal = "SIGTERM"  # the campaign itself was asked to stop
-    e = _ended(c, 0, "stopped by SIGTERM after step 5")
+    e = _ended(c, EXIT_STOPPED, "stopped by SIGTERM after step 5")
     assert (run["status"], run["failures"], e["outcome"]) == ("queued", 1, "stopped")
     assert "resumes on restart" in run["note"]
 

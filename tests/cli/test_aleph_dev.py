@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from aleph.errors import EXIT_STOPPED
+
 REPO = Path(__file__).resolve().parents[2]
 WRAPPER = REPO / "aleph-dev"
 
@@ -43,7 +45,7 @@ def test_sigterm_to_the_wrapper_pid_stops_the_trainer_cleanly(stamped_venv, tmp_
     cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
     assert b"-m" in cmdline and b"aleph" in cmdline, cmdline
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0
+    assert proc.wait(timeout=120) == EXIT_STOPPED
     text = out.read_text()
     assert "stopped by SIGTERM after step 2" in text
     assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_child(p, proc.pid)]

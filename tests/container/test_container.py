@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from aleph.errors import EXIT_STOPPED
 from tests.container.conftest import CPU_IMAGE, REPO, _run
 
 pytestmark = pytest.mark.container
@@ -113,15 +114,16 @@ def test_stop_and_kill_mid_run_resume_to_the_bare_machine_weights(stack, tmp_pat
     print("\n".join(ln for ln in cap.stdout.splitlines() if "quota" in ln or "cpuset" in ln))
     _trainer_is_unprivileged_on_a_read_only_root(cid)
 
-    # docker compose stop: SIGTERM through tini to the trainer, which saves and exits 0.
+    # docker compose stop: SIGTERM through tini to the trainer, which saves and exits 76
+    # (EXIT_STOPPED); a stop by the user is never restarted, whatever the policy.
     stack.compose("stop", "train-a2", extra_env=env)
     state = stack.inspect(cid, "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}")
-    assert state == "exited 0 0", state
+    assert state == f"exited {EXIT_STOPPED} 0", state
     logs = _logs(cid)
     assert f"stopped by SIGTERM after step {STOP_AT}; resume state saved" in logs
     assert "launch ended: stopped: SIGTERM" in logs
     print("\n".join(ln for ln in logs.splitlines() if "SIGTERM" in ln))
-    time.sleep(3)  # on-failure: an exit 0 must not be restarted
+    time.sleep(3)  # on-failure: a container the user stopped must not be restarted
     assert stack.inspect(cid, "{{.State.Status}} {{.RestartCount}}") == "exited 0"
 
     # Start again: it resumes; then kill -9 the trainer from the host, mid-run.

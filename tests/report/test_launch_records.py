@@ -8,6 +8,7 @@ import copy
 
 from fixtures.runs import environment, make_run
 
+from aleph.errors import EXIT_STOPPED
 from aleph.report.diff import diff_runs
 from aleph.report.diff_text import format_diff
 
@@ -57,7 +58,7 @@ def test_launches_that_trained_nothing_add_no_caveat(tmp_path):
 def test_a_refused_launch_between_two_that_trained_is_no_part_of_the_resume_caveat(tmp_path):
     a = _run(tmp_path / "x", [launch(1, "trained", (0, 64))])
     b = _run(tmp_path / "y", [
-        launch(1, "trained", (0, 32), status="stopped"),
+        launch(1, "trained", (0, 32), status="stopped", code=EXIT_STOPPED),
         launch(2, "refused", None, status="failed", code=2, note="DataError: inputs changed"),
         launch(3, "resumed", (32, 64)),
     ])
@@ -89,7 +90,7 @@ def test_a_lost_launch_that_trained_carries_its_diagnosis(tmp_path):
 def test_changes_between_launches_name_the_launch_and_its_steps(tmp_path):
     a = _run(tmp_path / "x", [launch(1, "trained", (0, 64))])
     b = _run(tmp_path / "y", [
-        launch(1, "trained", (0, 32), status="stopped", note="SIGTERM after step 32"),
+        launch(1, "trained", (0, 32), status="stopped", code=EXIT_STOPPED, note="SIGTERM after step 32"),
         launch(2, "resumed", (32, 64), execution={"num_threads": 2},
                envelope={"memory_limit_bytes": 50_000_000_000},
                environment=environment(driver="575.0"))])

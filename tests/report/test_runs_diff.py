@@ -11,6 +11,7 @@ from fixtures.runs import environment, make_run
 
 from aleph._io import atomic_write_json, read_json
 from aleph.cli import main
+from aleph.errors import EXIT_STOPPED
 from aleph.report.diff import diff_runs
 from aleph.report.diff_text import format_diff
 
@@ -277,8 +278,8 @@ def test_launch_statuses_are_the_trainers_and_each_is_judged(tmp_path):
         d = diff_runs(a, b)
         return d.verdict, [c for c in d.caveats if c != "B: 2 launch(es) trained steps the run kept: resumed 1 time(s)"], d.blockers
 
-    # a stop (SIGTERM, exit 0) followed by a resume is the ordinary resume: no extra finding
-    assert first("stopped", 0) == ("equivalent with caveats", [], [])
+    # a stop (SIGTERM, exit 76) followed by a resume is the ordinary resume: no extra finding
+    assert first("stopped", EXIT_STOPPED) == ("equivalent with caveats", [], [])
     assert first("failed", 65) == ("equivalent with caveats",
                                    ["B: launch 1 (L1) ended failed with exit status 65"], [])
     # the trainer marks a killed launch 'lost' without an exit status

@@ -7,11 +7,13 @@ import json
 import re
 import signal
 import socket
+import subprocess
 import sys
 
 import pytest
 
 from tests.train.conftest import (
+    REPO,
     completed_run,
     run_train,
     start_train,
@@ -78,7 +80,7 @@ def test_resume_across_world_size_change(train_work, single):
     wait_for_log(run, "paused after step 3", first, timeout=240)
     first.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks
     first.communicate(timeout=120)
-    # (torchrun itself exits 1 after a SIGTERM; the ranks save and exit 0)
+    # (torchrun itself exits 1 after a SIGTERM; the ranks save and exit 76, EXIT_STOPPED)
     meta = json.loads((run / "checkpoints" / "step-00000003" / "meta.json").read_text())
     assert (meta["step"], meta["world_size"]) == (3, 2)
 
@@ -88,3 +90,38 @@ def test_resume_across_world_size_change(train_work, single):
     resumed = _losses(run)
     assert [s for s, _ in resumed] == list(range(1, 9))
     assert [v for _, v in resumed] == pytest.approx([v for _, v in single], abs=1e-5)
+
+
+def _srun_tasks(work, job: str, arm: str, seed: int) -> list:
+    """Two processes with the environment srun gives the tasks of one two-task step on one
+    node (the real cluster runs the same code across nodes: tests/cluster)."""
+    from tests.train.conftest import child_env
+
+    procs = []
+    for rank in range(2):
+        env = child_env(work, SLURM_JOB_ID=job, SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2",
+                        SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+                        SLURM_STEP_NODELIST="localhost")
+        procs.append(subprocess.Popen(train_cmd(arm, seed, *SETS), cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def test_srun_tasks_form_one_world_and_two_jobs_on_one_node_get_two_ports(train_work, single):
+    """srun-native DDP: ranks from SLURM_PROCID/SLURM_LOCALID/SLURM_STEP_NUM_TASKS, the store
+    on a port rank 0 got from the kernel and published under the work root. Two such jobs
+    at once on one node: both train (no port collision), the same trajectory as one process,
+    and the port files are gone afterwards."""
+    jobs = {"101": _srun_tasks(train_work, "101", "a1_anchored", 4),
+            "102": _srun_tasks(train_work, "102", "a2_dense", 4)}
+    for job, procs in jobs.items():
+        for p in procs:
+            out = p.communicate(timeout=300)[0]
+            assert p.returncode == 0, f"job {job}: {out[-3000:]}"
+    run = train_work / "runs" / "smoke" / "a1_anchored-s4"
+    (launch,) = json.loads((run / "manifest.json").read_text())["launches"]
+    assert launch["world_size"] == 2
+    assert [v for _, v in _losses(run)] == pytest.approx([v for _, v in single], abs=1e-5)
+    assert json.loads((train_work / "runs" / "smoke" / "a2_dense-s4" / "manifest.json")
+                      .read_text())["launches"][0]["world_size"] == 2
+    assert list((train_work / "cache" / "rendezvous").iterdir()) == []

@@ -6,6 +6,7 @@ import json
 import re
 import signal
 
+from aleph.errors import EXIT_STOPPED
 from aleph.record.provenance import code_revision, source_sha256
 from aleph.train.identity import LaunchLog, RunLock
 from tests.train.conftest import run_train, start_train, train_cmd, wait_for_log
@@ -38,7 +39,7 @@ def test_second_launch_exits_75_and_changes_nothing(train_work):
 
     first.send_signal(signal.SIGTERM)
     out, _ = first.communicate(timeout=60)
-    assert first.returncode == 0, out
+    assert first.returncode == EXIT_STOPPED, out
     text = log.read_text()
     assert text.startswith(before[f"launches/{log.name}"].decode())  # appended, never truncated
     launches = json.loads((run_dir / "manifest.json").read_text())["launches"]

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from aleph.errors import EXIT_STOPPED
 from tests.train.conftest import run_train, start_train, train_cmd, wait_for_log
 
 
@@ -16,17 +17,18 @@ def _launches(run_dir):
 
 
 @pytest.mark.parametrize(("sig", "phase"), [(signal.SIGTERM, "tokens"), (signal.SIGINT, "model")])
-def test_stop_during_preflight_exits_0_records_stopped_and_resumes(train_work, sig, phase):
+def test_stop_during_preflight_exits_76_records_stopped_and_resumes(train_work, sig, phase):
     run_dir = train_work / "runs" / "smoke" / "a2_dense-s6"
     cmd = train_cmd("a2_dense", 6, "max_steps=2")
     proc = start_train(train_work, cmd, ALEPH_TRAIN_PAUSE_IN_PREFLIGHT=phase)
     wait_for_log(run_dir, f"paused in preflight before {phase}", proc)
     proc.send_signal(sig)
+    proc.send_signal(sig)  # a second one (srun, torchrun) is the same stop
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out
+    assert proc.returncode == EXIT_STOPPED, out
     assert f"stopped by {sig.name} in preflight (before the first step)" in out
     [launch] = _launches(run_dir)
-    assert (launch["status"], launch["exit_status"]) == ("stopped", 0)
+    assert (launch["status"], launch["exit_status"]) == ("stopped", EXIT_STOPPED)
     assert launch["note"] == f"{sig.name} before the first step" and launch["end"]
     # nothing trained, nothing saved as if it were
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "weights").exists()
@@ -40,7 +42,27 @@ def test_stop_during_preflight_exits_0_records_stopped_and_resumes(train_work, s
     assert ("token store: built" in again.stdout) == (phase == "tokens")
     # the stopped launch is not taken for a killed one ('lost') by the next launch
     assert [(x["status"], x["exit_status"]) for x in _launches(run_dir)] == [
-        ("stopped", 0), ("complete", 0)]
+        ("stopped", EXIT_STOPPED), ("complete", 0)]
+
+
+def test_stops_while_checking_the_inputs_leave_no_trace_and_exit_76(train_work):
+    """Before the lock nothing is on record: three SIGTERMs end the launch at once, with the
+    stopped status and a line saying nothing was written (no run directory)."""
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s8"
+    proc = start_train(train_work, train_cmd("a2_dense", 8, "max_steps=2"),
+                       ALEPH_TRAIN_PAUSE_IN_PREFLIGHT="inputs")
+    seen = []
+    for line in proc.stdout:  # no run directory yet: the pause is announced on the console
+        seen.append(line)
+        if "paused in preflight before inputs" in line:
+            break
+    for _ in range(3):
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    out = "".join(seen) + out
+    assert proc.returncode == EXIT_STOPPED, out
+    assert "stopped by SIGTERM before the launch was recorded" in out
+    assert "Traceback" not in out and not run_dir.exists()
 
 
 def test_nonfinite_loss_exits_65_and_records_the_failure(train_work):

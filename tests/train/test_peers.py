@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from aleph.errors import EXIT_STOPPED
 from tests.train.conftest import REPO, child_env, train_cmd
 
 CHILD = '''
@@ -229,7 +230,7 @@ def test_a_rank_that_stops_answering_in_training_fails_rank_0_naming_it(train_wo
 
 def test_a_stop_during_rank_0s_store_build_ends_the_launch_as_stopped(train_work):
     """torchrun forwards SIGTERM to both ranks while rank 0 builds (the preflight pause
-    hook) and rank 1 waits in the polling barrier: the launch is recorded 'stopped', exit 0
+    hook) and rank 1 waits in the polling barrier: the launch is recorded 'stopped', exit 76
     on both ranks, not 'failed' by a broadcast to a rank that already left."""
     run = train_work / "runs" / "smoke" / "a2_dense-s5"
     cmd = _torchrun("-m", "aleph", *train_cmd("a2_dense", 5, "max_steps=4")[3:])
@@ -245,6 +246,6 @@ def test_a_stop_during_rank_0s_store_build_ends_the_launch_as_stopped(train_work
         _kill(proc)
     manifest = json.loads((run / "manifest.json").read_text())
     (launch,) = manifest["launches"]
-    assert (launch["status"], launch["exit_status"]) == ("stopped", 0), (launch, out[-3000:])
+    assert (launch["status"], launch["exit_status"]) == ("stopped", EXIT_STOPPED), (launch, out[-3000:])
     rank1 = next((run / "launches").glob("*.rank1.log")).read_text()
     assert "launch failed" not in rank1, rank1

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from aleph.errors import EXIT_STOPPED
 from aleph.report.diff import diff_runs
 from aleph.report.diff_text import format_diff
 from tests.train.conftest import REPO, TINY, child_env, final_weights, smoke_dir
@@ -123,7 +124,7 @@ def test_sigint_on_edited_code_then_resume_on_clean_code_names_the_launch_and_st
     wait_for_log(run_c, "paused after step 2", proc)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
+    assert proc.returncode == EXIT_STOPPED, out
     edit(src, EXPERTS_EDITED, EXPERTS)
     assert "resume: step 2, samples seen 64" in train(src, work, "a1_anchored", 3)
 

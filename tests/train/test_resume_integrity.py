@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from aleph._io import sha256_file
+from aleph.errors import EXIT_STOPPED
 from tests.train.conftest import (
     completed_run,
     run_train,
@@ -195,7 +196,7 @@ def test_changed_target_chunk_is_refused_naming_both_hashes_unless_allowed(train
                        ALEPH_TRAIN_PAUSE_AFTER_STEP="3")
     wait_for_log(run_dir, "paused after step 3", proc)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
+    assert proc.wait(60) == EXIT_STOPPED
     manifest = json.loads((run_dir / "manifest.json").read_text())
     trained = manifest["launches"][0]["inputs"]["target_store"]["content_sha256"]
     assert manifest["target_store"]["content_sha256"] == trained
@@ -222,7 +223,7 @@ def test_changed_target_chunk_is_refused_naming_both_hashes_unless_allowed(train
     assert open_store(store_dir).content_sha256 == changed  # the hash names the new store
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert [(x["status"], x["exit_status"]) for x in manifest["launches"]] == [
-        ("stopped", 0), ("failed", 2)]
+        ("stopped", EXIT_STOPPED), ("failed", 2)]
     assert "inputs" not in manifest["launches"][1]
     assert manifest["target_store"]["content_sha256"] == trained  # not overwritten
 
