@@ -44,13 +44,24 @@ def _build(args) -> int:
     return 0
 
 
+def _store_arg(given: str) -> tuple[Path, str]:
+    """The store a `store` argument names (a store, or a chunk directory resolved to its
+    built store) and how to print it."""
+    from aleph.targets.locate import resolve_store
+
+    store = resolve_store(given)
+    shown = str(store) if Path(given) == store else f"{store} (the store of chunk directory {given})"
+    return store, shown
+
+
 def _verify(args) -> int:
-    report = verify_store(args.store, full=args.full, sources=args.sources)
+    store, shown = _store_arg(args.store)
+    report = verify_store(store, full=args.full, sources=args.sources)
     kind = {"quick": "quick (manifest and size)",
             "full": "full (re-hashed every chunk range)",
             "sources": "sources (every chunk range re-hashed and equal to its source chunk)",
             }[report["level"]]
-    print(f"{args.store}: OK, {kind}: {report['rows']:,} x {report['dim']} {report['dtype']}, "
+    print(f"{shown}: OK, {kind}: {report['rows']:,} x {report['dim']} {report['dtype']}, "
           f"{report['chunks']} chunks, {report['byte_length']:,} B")
     return 0
 
@@ -63,7 +74,7 @@ def _plan(args) -> int:
 
 
 def _info(args) -> int:
-    store = open_store(args.store)
+    store = open_store(_store_arg(args.store)[0])
     m = dict(store.manifest)
     m["chunks"] = f"{len(m['chunks'])} chunks (see manifest.json)"
     print(json.dumps({**m, "manifest_sha256": store.manifest_sha256}, indent=2, sort_keys=True))
@@ -135,7 +146,8 @@ def register(subparsers) -> None:
         "verify", help="check a store: quick (manifest, size), --full (re-hash) or --sources",
         description="Check a target store. Each level catches what the one before cannot.",
         epilog=VERIFY_LEVELS, formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("store", help="target store directory")
+    v.add_argument("store", help="target store directory, or the chunk directory it was built "
+                   "from (resolved to <work>/cache/targets/<key>)")
     level = v.add_mutually_exclusive_group()
     level.add_argument("--full", action="store_true",
                        help="also re-hash every chunk range of the store against the manifest")
@@ -152,7 +164,8 @@ def register(subparsers) -> None:
     pl.set_defaults(func=_plan)
     _register_making(sub)
     i = sub.add_parser("info", help="print a store's manifest summary")
-    i.add_argument("store", help="target store directory")
+    i.add_argument("store", help="target store directory, or the chunk directory it was built "
+                   "from (resolved to <work>/cache/targets/<key>)")
     i.set_defaults(func=_info)
 
 
