@@ -38,7 +38,6 @@ def test_eval_names_a_task_file_with_one_pair_removed(tmp_path, work, capsys):
     line = ("task stsb: not the E1 task: file:stsb.jsonl has 1,378 pairs, the E1 test split "
             "(mteb/stsbenchmark-sts@b0fddb56ed78) has 1,379")
     assert line in out.splitlines()
-    print(line)
     t = read(run / "eval.json")["tasks"]["stsb"]
     assert (t["pairs"], t["expected_pairs"], t["e1_task"]) == (1378, 1379, False)
     assert t["not_e1_task"] == line.split("not the E1 task: ")[1]
