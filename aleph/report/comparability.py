@@ -149,7 +149,9 @@ def judge(config: dict | None, ev: dict | None = None, manifest: dict | None = N
         text = f"{NOT_COMPARABLE}: " + "; ".join(moves)
     else:
         short = "E1 setup" if not other else "comparable to P (rounding differs)"
-        text = "E1's setup (model, e1 preset config, pinned tasks, tokenizer)"
+        judged = ["model", "e1 preset config", *(["training rows"] if rows is not None else []),
+                  *(["pinned tasks"] if ev is not None else []), "tokenizer"]
+        text = f"E1's setup ({', '.join(judged)})"
     if other:
         text += "; differs only in rounding: " + ", ".join(other)
     if rows is None and config is not None:

@@ -82,7 +82,7 @@ def test_a_non_e1_run_is_not_comparable_to_p_in_table_legend_and_picture(tmp_pat
     assert rows["a2_dense-s1"].endswith(f"| B | {NOT_P} (model 2x64, config, rows, tasks, tokenizer) |")
     assert rows["E1 published a1_anchored-s0"].endswith("| P | P |")
     legend = {line.split(":")[0][2:]: line for line in md.splitlines() if line.startswith("- basis ")}
-    assert "; vs E1: E1's setup (model, e1 preset config, pinned tasks, tokenizer)" in legend["basis A"]
+    assert "; vs E1: E1's setup (model, e1 preset config, training rows, pinned tasks, tokenizer)" in legend["basis A"]
     b = legend["basis B"]
     assert f"; vs E1: {NOT_P}: model 2x64, 4 heads, ffn 256/64x3 (E1: 12x512, 8 heads, ffn 2048/512x3)" in b
     assert "max_len=32 (e1: 128)" in b and "trained on 2,048 target rows (E1: 31,905,616)" in b
