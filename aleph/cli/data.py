@@ -118,6 +118,13 @@ def _captions(args) -> int:
         raise DataError(f"aleph data captions: {', '.join(missing)} required (or --e1 for the "
                         "e1 preset's choice)")
     order, min_chars = args.order or "record", args.min_chars or 0
+    done = fl.same_flatten(args.src, fl.parse_fields(args.fields), args.out, order, min_chars)
+    if done is not None:  # a rerun: the output is this very flatten, nothing to do
+        print(f"{done.out}: already holds this flatten of {args.src} ({done.rows:,} rows from "
+              f"{done.records:,} records, order {order}, min {min_chars} chars; the source is "
+              "unchanged since): done, nothing written", file=sys.stderr)
+        print(done.rows)
+        return 0
     res = fl.flatten_captions(args.src, fl.parse_fields(args.fields), args.out, order=order,
                               min_chars=min_chars, say=lambda line: print(line, file=sys.stderr))
     skipped = {f: {k: v for k, v in d.items() if v} for f, d in res.skipped.items()}

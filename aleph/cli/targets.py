@@ -172,7 +172,12 @@ def register(subparsers) -> None:
 def _register_making(sub) -> None:
     from aleph.targets.consensus import DEFAULT_FIT_ROWS
     from aleph.targets.procrustes import WHITEN_MODES
-    from aleph.targets.teachers import DEFAULT_TEACHERS, ExtractOptions
+    from aleph.targets.teachers import (
+        A40_BF16_TFLOPS,
+        ASSUMED_MFU,
+        DEFAULT_TEACHERS,
+        ExtractOptions,
+    )
 
     e = sub.add_parser(
         "extract", help="encode captions with the teacher models into per-teacher fp16 chunks",
@@ -183,18 +188,22 @@ def _register_making(sub) -> None:
     e.add_argument("--out", required=True, help="output directory: one chunk directory per teacher")
     e.add_argument("--teachers", default=",".join(DEFAULT_TEACHERS),
                    help="comma-separated hub names (NAME@REVISION pins one) or local model "
-                   "directories (default: the five of E1)")
-    e.add_argument("--column", default="caption", help="caption field of .jsonl/.json/.parquet")
+                   "directories (default: the five of E1: %(default)s)")
+    e.add_argument("--column", default="caption",
+                   help="caption field of .jsonl/.json/.parquet (default: %(default)s)")
     e.add_argument("--max-length", type=int, default=ExtractOptions.max_length,
-                   help="tokens per caption (truncated; batches padded to their longest)")
+                   help="tokens per caption (truncated; batches padded to their longest; "
+                   "default: %(default)s)")
     e.add_argument("--batch-size", type=int, default=ExtractOptions.batch_size,
-                   help="captions per forward pass")
+                   help="captions per forward pass (default: %(default)s)")
     e.add_argument("--chunk-rows", type=int, default=ExtractOptions.chunk_rows,
-                   help="rows per output chunk file (the resume unit)")
+                   help="rows per output chunk file, the resume unit (default: %(default)s)")
     e.add_argument("--assume-tflops", type=float, default=ExtractOptions.assume_tflops,
-                   help="sustained TFLOP/s per GPU for the GPU-hours estimate")
+                   help="sustained TFLOP/s per GPU for the GPU-hours estimate (default: "
+                   f"%(default)s = {ASSUMED_MFU * 100:.0f}%% of an A40's {A40_BF16_TFLOPS} dense bf16)")
     e.add_argument("--shard", default=None, metavar="I/N",
-                   help="process only chunks c with c %% N == I (one process per GPU)")
+                   help="process only chunks c with c %% N == I, one process per GPU "
+                   "(default: every chunk)")
     e.add_argument("--consensus-out", metavar="DIR",
                    help="then run `aleph targets consensus` of the teachers into DIR "
                    "(default fit): captions to a trainable target directory in one command")
