@@ -49,7 +49,7 @@ def _eval(args: argparse.Namespace) -> int:
     from aleph.eval.runner import run_eval
     from aleph.eval.tasks import parse_task_names
     from aleph.report.render import markdown
-    from aleph.report.table import build
+    from aleph.report.table import SEEN, build
 
     args.run_dir = require_run_dir(args.run_dir)  # a directory or a run name
     result = run_eval(
@@ -65,8 +65,7 @@ def _eval(args: argparse.Namespace) -> int:
               "--probe-targets to probe other rows")
     elif result["probes"] is not None:
         p = result["probes"]
-        seen = {True: "seen in training", False: "held out", None: "not known whether trained on"}
-        print(f"- probes: {p['set']} ({seen[p['seen_in_training']]}): {p['source']}")
+        print(f"- probes: {p['set']} ({SEEN[p['seen_in_training']]}): {p['source']}")
     print(f"- wrote {args.run_dir}/eval.json (weights sha256 {result['weights']['sha256'][:12]}, "
           f"evaluation data {result['eval_data_fingerprint'][:12]})")
     return 0
