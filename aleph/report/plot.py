@@ -164,7 +164,7 @@ def _capability_panel(ax, report, runs) -> None:
     if not near and not pub:
         _capability_axes(ax, apart, [], f"capability: {NOT_COMPARABLE} (own scale)", apart=True)
         return
-    fig, spec = ax.figure, ax.get_subplotspec().subgridspec(1, 2, wspace=0.45)
+    fig, spec = ax.figure, ax.get_subplotspec().subgridspec(1, 2, wspace=0.15)
     ax.remove()
     _capability_axes(fig.add_subplot(spec[0]), near, pub, "comparable to P\n(published scale)")
     _capability_axes(fig.add_subplot(spec[1]), apart, [], f"{NOT_COMPARABLE}\n(own scale)", apart=True)
@@ -188,18 +188,22 @@ def _capability_axes(ax, runs, pub, title: str, apart: bool = False) -> None:
             if r.get("capability_dispatch_off") is not None:
                 ax.plot([x], [r["capability_dispatch_off"]], marker, mfc="none",
                         color=ARM_COLOURS.get(arm, "grey"), markersize=8)
-            ax.annotate(f"s{r['seed']} ({r.get('basis', '?')})" + (f" {NOT_COMPARABLE}" if apart else ""),
-                        (x, r["capability"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
+            ax.annotate(f"s{r['seed']} ({r.get('basis', '?')})", (x, r["capability"]),
+                        textcoords="offset points", xytext=(6, 4), fontsize=8)
         for j, r in enumerate(p for p in pub if p["arm"] == arm):
             ax.plot([i + 0.3 + 0.08 * j], [r["capability"]], "x", color="black", markersize=8,
                     label=None if labelled else "published E1 runs (basis P)")
             labelled = True
-    ax.set_xticks(range(len(arms)), arms, fontsize=8 if apart or pub and len(arms) > 2 else None)
+    split = "\n" in title  # one of two half-width panels: short arm names, own y axis side
+    ax.set_xticks(range(len(arms)), [a.split("_")[0] for a in arms] if split else arms)
     ax.set_xlim(-0.6, len(arms) - 0.2)
     ax.set_title(title, fontsize=10)
-    ax.set_ylabel("Spearman (filled: dispatch on, open: off)")
+    if apart and split:
+        ax.yaxis.tick_right()  # its own scale, away from the published one
+    else:
+        ax.set_ylabel("Spearman (filled: dispatch on, open: off)")
     if labelled:
-        ax.legend(fontsize=8, loc="center right")
+        ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3, axis="y")
 
 
