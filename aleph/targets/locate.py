@@ -46,9 +46,8 @@ def resolve_store(given: str | os.PathLike, root: str | os.PathLike | None = Non
         return store_dir
     state = ("holds an unfinished build" if store_dir.is_dir() else "does not exist yet")
     raise StoreError(
-        f"{path} is a chunk directory, not a target store; the store built from its chunks "
-        f"({store_dir}) {state}: run `aleph targets build {shlex.quote(str(path))}` (it writes "
-        f"{store_dir}), then pass either path")
+        f"{path} is a chunk directory, not a target store; its store {store_dir} {state}: run "
+        f"`aleph targets build {shlex.quote(str(path))}` to build it there, then pass either path")
 
 
 def resolve_sources(items: list[str], root: str | os.PathLike | None = None) -> Path:

@@ -128,9 +128,9 @@ def test_a_chunk_directory_given_to_verify_info_and_probes_is_its_built_store(ma
     assert main(["targets", "verify", str(chunks)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"aleph targets: error: {chunks} is a chunk directory, not a target store; "
-                          f"the store built from its chunks ({work / 'cache' / 'targets'}/")
-    assert err.endswith(f"does not exist yet: run `aleph targets build {chunks}` (it writes "
-                        f"{err.split('(')[1].split(')')[0]}), then pass either path")
+                          f"its store {work / 'cache' / 'targets'}/")
+    assert err.endswith(f" does not exist yet: run `aleph targets build {chunks}` to build it there, "
+                        "then pass either path")
     assert "no manifest" not in err
     assert main(["targets", "build", str(chunks)]) == 0
     store_dir = capsys.readouterr().out.splitlines()[-1].split(":")[0]
