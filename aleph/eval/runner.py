@@ -109,6 +109,10 @@ def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str |
                 say(f"task {t.name}: not the E1 task: {why}")
     probe, no_probe = (probe_for_run(config, probe_captions, probe_targets, probe_rows, run_dir)
                        if probes else (None, "--no-probes"))
+    if probe is not None and probe.kind == "e1-hash-sample" and len(probe.texts) < probe_batch:
+        # a default set too small for one R@1 batch is skipped, not an error the user never asked for
+        probe, no_probe = None, (f"the run's captions give only {len(probe.texts):,} probe rows, "
+                                 f"fewer than one R@1 batch ({probe_batch})")
     dev = pick_device(device)
     model = load_model(wdir, device=dev)
     tokenizer = load_tokenizer(tok_dir)

@@ -102,6 +102,11 @@ def test_e1_probes_are_a_hash_sample_of_the_runs_own_rows_by_default(tmp_path, w
     idx = hash_sample(texts, 256)
     assert idx == sorted(idx) and len(set(idx)) == 256 and idx != list(range(256))
     assert "- probes: e1-hash-sample (seen in training): e1 hash sample of the run's rows" in out
+    # a default set smaller than one R@1 batch is skipped, saying why (never an error)
+    assert main([*args[:-1], "512"]) == 0
+    assert read(run / "eval.json")["probes"] is None
+    assert "probes skipped: the run's captions give only 256 probe rows, fewer than one R@1 batch (512)" \
+        in capsys.readouterr().out
     # explicit files still work, and the run's own captions are called trained on
     assert main([*args, "--probe-captions", str(captions), "--probe-targets", str(chunks)]) == 0
     p = read(run / "eval.json")["probes"]
