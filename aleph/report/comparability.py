@@ -84,7 +84,7 @@ def _trained_rows(manifest: dict | None) -> int | None:
     return None
 
 
-def _task_problem(name: str, t: Any) -> str | None:
+def task_problem(name: str, t: Any) -> str | None:
     """Why eval.json's task entry `t` is not the E1 task `name` (None when it is)."""
     if not isinstance(t, dict):
         return f"{name}: not recorded"
@@ -111,7 +111,7 @@ def task_differences(tasks: dict) -> list[str]:
     if missing or extra:
         out.append(f"task set {', '.join(tasks) or 'none'} (E1: the 8 STS tasks"
                    + (f"; missing {', '.join(missing)}" if missing else "") + ")")
-    out += [p for n in E1_TASKS if n in tasks and (p := _task_problem(n, tasks[n])) is not None]
+    out += [p for n in E1_TASKS if n in tasks and (p := task_problem(n, tasks[n])) is not None]
     return out
 
 

@@ -13,6 +13,7 @@ from aleph.report.table import NUMERIC, task_label
 SUMMARY_HEADER = ("run", "mean", "dispatch OFF", "toggle", "R@1", "cos->target", "erank/768", "basis",
                   "vs P")
 MISSING = "—"
+NOT_E1_MARK = " †"  # a per-task cell scored on data that is not the E1 task of its column
 # What each column of the summary table means, printed under it. README.md's column table
 # carries the same pairs word for word (tests/report/test_glossary.py holds them together).
 GLOSSARY = (
@@ -82,8 +83,12 @@ def markdown(report: dict, glossary: bool = True) -> str:
         parts += ["", "## Columns", "", *glossary_lines()]
     if names:
         header = ["run", *(task_label(n) for n in names)]
-        body = [[r["run"], *(_num(r["tasks"].get(n)) for n in names)] for r in rows if r.get("tasks")]
+        body = [[r["run"], *(_num(r["tasks"].get(n)) + (NOT_E1_MARK if n in r.get("not_e1_tasks", ()) else "")
+                             for n in names)] for r in rows if r.get("tasks")]
         parts += ["", "## Per-task Spearman", "", _md_table(header, body)]
+        if any(r.get("not_e1_tasks") for r in rows):
+            parts += ["", f"{NOT_E1_MARK} not the E1 task of that name (another source, pair count "
+                      "or content than the pinned test split): the legend's `vs E1` says why"]
     return "\n".join(parts) + "\n"
 
 

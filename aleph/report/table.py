@@ -92,6 +92,7 @@ def row_from_eval(run_dir: Path) -> dict:
         "config_sha256": None if config is None else sha256_json(config),
         "preset": (config or {}).get("preset"),
         "vs_e1": vs_e1, "comparable": vs_e1["comparable"],
+        "not_e1_tasks": [n for n in E1_TASKS if n in tasks and comparability.task_problem(n, tasks[n])],
         "probe_set": probes.get("set"), "probe_seen": probes.get("seen_in_training"),
         "probe_source": probes.get("source"),
     }

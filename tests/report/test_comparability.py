@@ -90,6 +90,10 @@ def test_a_non_e1_run_is_not_comparable_to_p_in_table_legend_and_picture(tmp_pat
             "b0fddb56ed78) has 1,379") in b and f"biosses: file:biosses.jsonl has {PAIRS} pairs" in b
     assert f"tokenizer '{smoke_root() / 'tokenizer'}' (E1: bert-base-uncased)" in b
     assert "probes: e1-hash-sample (seen in training)" in legend["basis A"]
+    per_task = [line for line in md.splitlines() if line.startswith("| a2_dense-s1 |")][1]
+    assert per_task.count(" †") == 8 and " †" not in [ln for ln in md.splitlines()
+                                                       if ln.startswith("| a1_anchored-s0 |")][1]
+    assert "† not the E1 task of that name" in md
 
     report = table.build([e1, small], with_published=True)
     fig = plot.figure(report, [e1, small])
