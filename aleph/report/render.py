@@ -87,7 +87,7 @@ def markdown(report: dict, glossary: bool = True) -> str:
                              for n in names)] for r in rows if r.get("tasks")]
         parts += ["", "## Per-task Spearman", "", _md_table(header, body)]
         if any(r.get("not_e1_tasks") for r in rows):
-            parts += ["", f"{NOT_E1_MARK} not the E1 task of that name (another source, pair count "
+            parts += ["", f"{NOT_E1_MARK.strip()} not the E1 task of that name (another source, pair count "
                       "or content than the pinned test split): the legend's `vs E1` says why"]
     return "\n".join(parts) + "\n"
 
