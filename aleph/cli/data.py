@@ -74,8 +74,8 @@ def _fetch(args) -> int:
         fetch_captions(args.out, revision=args.revision, say=print)
         return 0
     from aleph.data import bundle
-    from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
-    from aleph.eval.tasks import E1_TASKS, HF_TASKS, load_hf_task, parse_task_names
+    from aleph.data.tokenizer import TOKENIZER_PINS, load_tokenizer, tokenizer_fingerprint
+    from aleph.eval.tasks import E1_PAIRS, E1_TASKS, HF_TASKS, load_hf_task, parse_task_names
 
     root = Path(args.out).expanduser().absolute() if args.out else bundle.bundle_root()
     names = parse_task_names(args.tasks) if args.tasks else list(E1_TASKS)
@@ -87,11 +87,14 @@ def _fetch(args) -> int:
         tok = load_tokenizer(name, use_bundle=False)
         fp = tokenizer_fingerprint(tok)
         d = bundle.add_tokenizer(root, name, tok, fp)
-        print(f"tokenizer {name}: {d} (fingerprint {fp[:16]})")
+        pin = TOKENIZER_PINS.get(name)
+        print(f"tokenizer {name}" + (f"@{pin[:12]}" if pin else " (unpinned)")
+              + f": {d} (fingerprint {fp[:16]})")
     for name in names:
         task = load_hf_task(name)  # the loader eval uses without a bundle: same pairs
         dataset, revision = HF_TASKS[name]
-        path = bundle.add_sts(root, name, dataset, revision, "test", task.pairs)
+        path = bundle.add_sts(root, name, dataset, revision, "test", task.pairs,
+                              expected_pairs=E1_PAIRS.get(name))
         print(f"STS {name}: {len(task.pairs)} pairs from {dataset}@{revision[:12]} -> {path}")
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     print(f"bundle {root}: {size:,} bytes; copy this directory to <work>/data/offline on the "
@@ -115,6 +118,13 @@ def _captions(args) -> int:
         raise DataError(f"aleph data captions: {', '.join(missing)} required (or --e1 for the "
                         "e1 preset's choice)")
     order, min_chars = args.order or "record", args.min_chars or 0
+    done = fl.same_flatten(args.src, fl.parse_fields(args.fields), args.out, order, min_chars)
+    if done is not None:  # a rerun: the output is this very flatten, nothing to do
+        print(f"{done.out}: already holds this flatten of {args.src} ({done.rows:,} rows from "
+              f"{done.records:,} records, order {order}, min {min_chars} chars; the source is "
+              "unchanged since): done, nothing written", file=sys.stderr)
+        print(done.rows)
+        return 0
     res = fl.flatten_captions(args.src, fl.parse_fields(args.fields), args.out, order=order,
                               min_chars=min_chars, say=lambda line: print(line, file=sys.stderr))
     skipped = {f: {k: v for k, v in d.items() if v} for f, d in res.skipped.items()}

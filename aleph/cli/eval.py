@@ -6,6 +6,7 @@ import argparse
 
 from aleph.eval.evaluate import DEFAULT_PROBE_BATCH
 from aleph.eval.probe_data import DEFAULT_ROWS
+from aleph.eval.tasks import TASK_FILES
 
 
 def register(subparsers) -> None:
@@ -22,11 +23,17 @@ def register(subparsers) -> None:
                    "comma list of names (default: smoke for smoke-data runs, else e1)")
     p.add_argument("--tasks-dir", default=None,
                    help="directory of local task files <name>.tsv / <name>.jsonl, used before "
-                   "the hub copies (columns sentence1, sentence2, score)")
+                   f"the bundle and hub copies (columns sentence1, sentence2, score); the E1 "
+                   f"tasks' names: {TASK_FILES}. A file counts as the E1 task only with the "
+                   "pinned split's pair count and, checked against the offline bundle, its pairs")
     p.add_argument("--weights", default=None, help="weights directory (default RUN/weights/final)")
-    p.add_argument("--probe-captions", default=None, help="held-out caption file for the probes")
+    p.add_argument("--probe-captions", default=None,
+                   help="caption file for the probes (default: smoke runs held-out smoke rows; "
+                   "other runs the e1 probe set, a hash-chosen sample of their own rows, "
+                   "seen in training, when the run's captions and targets are here)")
     p.add_argument("--probe-targets", default=None,
-                   help="their targets: a target store directory or a .pt (N, 768) file")
+                   help="their targets: a target store directory, the chunk directory it was "
+                   "built from, or a .pt (N, 768) file")
     p.add_argument("--probe-rows", type=int, default=DEFAULT_ROWS, help=f"probe rows (default {DEFAULT_ROWS})")
     p.add_argument("--probe-batch", type=int, default=DEFAULT_PROBE_BATCH,
                    help=f"R@1 batch: candidates per query (default {DEFAULT_PROBE_BATCH})")
@@ -42,7 +49,7 @@ def _eval(args: argparse.Namespace) -> int:
     from aleph.eval.runner import run_eval
     from aleph.eval.tasks import parse_task_names
     from aleph.report.render import markdown
-    from aleph.report.table import build
+    from aleph.report.table import SEEN, build
 
     args.run_dir = require_run_dir(args.run_dir)  # a directory or a run name
     result = run_eval(
@@ -54,7 +61,11 @@ def _eval(args: argparse.Namespace) -> int:
     )
     print(markdown(build([args.run_dir]), glossary=False), end="")
     if result["probes"] is None and not args.no_probes:
-        print("- probes skipped: not a smoke run and no --probe-captions/--probe-targets given")
+        print(f"- probes skipped: {result.get('probes_skipped')}; give --probe-captions and "
+              "--probe-targets to probe other rows")
+    elif result["probes"] is not None:
+        p = result["probes"]
+        print(f"- probes: {p['set']} ({SEEN[p['seen_in_training']]}): {p['source']}")
     print(f"- wrote {args.run_dir}/eval.json (weights sha256 {result['weights']['sha256'][:12]}, "
           f"evaluation data {result['eval_data_fingerprint'][:12]})")
     return 0

@@ -132,8 +132,11 @@ def _row(runs_root: Path, d: Path, by_name: bool) -> list[str]:
     steps = "—" if st["step"] is None else (
         f"{st['step']}/{st['total_steps']}" if st["total_steps"] else str(st["step"]))
     last = st["last_launch"]
+    # a launch still marked running whose process is gone (no lock holder) reads as lost
+    shown = "lost" if last and st["status"] == "lost" and last.get("status") == "running" \
+        else (last or {}).get("status")
     launch = "—" if not last else (
-        f"{last['launch_id']} ({last.get('action') or '?'}, {last.get('status')}, "
+        f"{last['launch_id']} ({last.get('action') or '?'}, {shown}, "
         f"{'ended ' + last['end'] if last.get('end') else 'started ' + str(last.get('start'))})")
     ev = st["evaluated"]
     if ev is None:

@@ -44,13 +44,24 @@ def _build(args) -> int:
     return 0
 
 
+def _store_arg(given: str) -> tuple[Path, str]:
+    """The store a `store` argument names (a store, or a chunk directory resolved to its
+    built store) and how to print it."""
+    from aleph.targets.locate import resolve_store
+
+    store = resolve_store(given)
+    shown = str(store) if Path(given) == store else f"{store} (the store of chunk directory {given})"
+    return store, shown
+
+
 def _verify(args) -> int:
-    report = verify_store(args.store, full=args.full, sources=args.sources)
+    store, shown = _store_arg(args.store)
+    report = verify_store(store, full=args.full, sources=args.sources)
     kind = {"quick": "quick (manifest and size)",
             "full": "full (re-hashed every chunk range)",
             "sources": "sources (every chunk range re-hashed and equal to its source chunk)",
             }[report["level"]]
-    print(f"{args.store}: OK, {kind}: {report['rows']:,} x {report['dim']} {report['dtype']}, "
+    print(f"{shown}: OK, {kind}: {report['rows']:,} x {report['dim']} {report['dtype']}, "
           f"{report['chunks']} chunks, {report['byte_length']:,} B")
     return 0
 
@@ -63,7 +74,7 @@ def _plan(args) -> int:
 
 
 def _info(args) -> int:
-    store = open_store(args.store)
+    store = open_store(_store_arg(args.store)[0])
     m = dict(store.manifest)
     m["chunks"] = f"{len(m['chunks'])} chunks (see manifest.json)"
     print(json.dumps({**m, "manifest_sha256": store.manifest_sha256}, indent=2, sort_keys=True))
@@ -135,7 +146,8 @@ def register(subparsers) -> None:
         "verify", help="check a store: quick (manifest, size), --full (re-hash) or --sources",
         description="Check a target store. Each level catches what the one before cannot.",
         epilog=VERIFY_LEVELS, formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("store", help="target store directory")
+    v.add_argument("store", help="target store directory, or the chunk directory it was built "
+                   "from (resolved to <work>/cache/targets/<key>)")
     level = v.add_mutually_exclusive_group()
     level.add_argument("--full", action="store_true",
                        help="also re-hash every chunk range of the store against the manifest")
@@ -152,14 +164,20 @@ def register(subparsers) -> None:
     pl.set_defaults(func=_plan)
     _register_making(sub)
     i = sub.add_parser("info", help="print a store's manifest summary")
-    i.add_argument("store", help="target store directory")
+    i.add_argument("store", help="target store directory, or the chunk directory it was built "
+                   "from (resolved to <work>/cache/targets/<key>)")
     i.set_defaults(func=_info)
 
 
 def _register_making(sub) -> None:
     from aleph.targets.consensus import DEFAULT_FIT_ROWS
     from aleph.targets.procrustes import WHITEN_MODES
-    from aleph.targets.teachers import DEFAULT_TEACHERS, ExtractOptions
+    from aleph.targets.teachers import (
+        A40_BF16_TFLOPS,
+        ASSUMED_MFU,
+        DEFAULT_TEACHERS,
+        ExtractOptions,
+    )
 
     e = sub.add_parser(
         "extract", help="encode captions with the teacher models into per-teacher fp16 chunks",
@@ -170,18 +188,22 @@ def _register_making(sub) -> None:
     e.add_argument("--out", required=True, help="output directory: one chunk directory per teacher")
     e.add_argument("--teachers", default=",".join(DEFAULT_TEACHERS),
                    help="comma-separated hub names (NAME@REVISION pins one) or local model "
-                   "directories (default: the five of E1)")
-    e.add_argument("--column", default="caption", help="caption field of .jsonl/.json/.parquet")
+                   "directories (default: the five of E1: %(default)s)")
+    e.add_argument("--column", default="caption",
+                   help="caption field of .jsonl/.json/.parquet (default: %(default)s)")
     e.add_argument("--max-length", type=int, default=ExtractOptions.max_length,
-                   help="tokens per caption (truncated; batches padded to their longest)")
+                   help="tokens per caption (truncated; batches padded to their longest; "
+                   "default: %(default)s)")
     e.add_argument("--batch-size", type=int, default=ExtractOptions.batch_size,
-                   help="captions per forward pass")
+                   help="captions per forward pass (default: %(default)s)")
     e.add_argument("--chunk-rows", type=int, default=ExtractOptions.chunk_rows,
-                   help="rows per output chunk file (the resume unit)")
+                   help="rows per output chunk file, the resume unit (default: %(default)s)")
     e.add_argument("--assume-tflops", type=float, default=ExtractOptions.assume_tflops,
-                   help="sustained TFLOP/s per GPU for the GPU-hours estimate")
+                   help="sustained TFLOP/s per GPU for the GPU-hours estimate (default: "
+                   f"%(default)s = {ASSUMED_MFU * 100:.0f}%% of an A40's {A40_BF16_TFLOPS} dense bf16)")
     e.add_argument("--shard", default=None, metavar="I/N",
-                   help="process only chunks c with c %% N == I (one process per GPU)")
+                   help="process only chunks c with c %% N == I, one process per GPU "
+                   "(default: every chunk)")
     e.add_argument("--consensus-out", metavar="DIR",
                    help="then run `aleph targets consensus` of the teachers into DIR "
                    "(default fit): captions to a trainable target directory in one command")

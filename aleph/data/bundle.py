@@ -5,7 +5,8 @@ its work volume, and the loaders look there before the hub, so the e1 preset and
 `aleph eval` need no network. Layout of a bundle directory:
 
   bundle.json                      format, version, and per item what was fetched from where:
-                                   tokenizers {name: {dir, fingerprint}},
+                                   tokenizers {name: {dir, fingerprint, revision, files}}
+                                   (files: {file name: sha256} of the saved tokenizer),
                                    sts {task: {dataset, revision, split, pairs, file, sha256}}
   tokenizers/<name>/               a tokenizer as `save_pretrained` writes it ("org/name" is
                                    stored as "org--name")
@@ -96,19 +97,34 @@ def tokenizer_dir(name: str, root: Path | None = None) -> Path | None:
 
 
 def add_tokenizer(root: Path, name: str, tokenizer, fingerprint: str) -> Path:
-    """Save `tokenizer` (fetched as hub name `name`) into the bundle; its directory."""
+    """Save `tokenizer` (fetched as hub name `name`, at its pinned revision when
+    `aleph.data.tokenizer.TOKENIZER_PINS` has one) into the bundle, recording each saved
+    file's sha256; its directory."""
+    from aleph.data.tokenizer import TOKENIZER_PINS, tokenizer_files
+
     final = save_pretrained_atomic(tokenizer, root / "tokenizers" / _slug(name))
     _update_manifest(root, "tokenizers", name,
-                     {"dir": f"tokenizers/{final.name}", "fingerprint": fingerprint})
+                     {"dir": f"tokenizers/{final.name}", "fingerprint": fingerprint,
+                      "revision": TOKENIZER_PINS.get(name), "files": tokenizer_files(final)})
     return final
 
 
+def pairs_jsonl(pairs) -> str:
+    """One {"sentence1", "sentence2", "score"} JSON object per line: the bundle's task file."""
+    return "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n"
+                   for a, b, s in pairs)
+
+
 def add_sts(root: Path, task: str, dataset: str, revision: str, split: str,
-            pairs: tuple[tuple[str, str, float], ...]) -> Path:
-    """Write an STS task's pairs (from `dataset` at `revision`, split `split`) into the bundle."""
+            pairs: tuple[tuple[str, str, float], ...], expected_pairs: int | None = None) -> Path:
+    """Write an STS task's pairs (from `dataset` at `revision`, split `split`) into the
+    bundle; a pair count other than `expected_pairs` (when given) is refused, nothing written."""
+    if expected_pairs is not None and len(pairs) != expected_pairs:
+        raise DataError(f"STS task {task!r}: {dataset}@{revision[:12]} {split} gave "
+                        f"{len(pairs):,} pairs, its pinned split has {expected_pairs:,}; not "
+                        "written to the bundle (a changed or partial download)")
     path = root / "sts" / f"{task}.jsonl"
-    atomic_write_text(path, "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s})
-                                    + "\n" for a, b, s in pairs))
+    atomic_write_text(path, pairs_jsonl(pairs))
     _update_manifest(root, "sts", task, {
         "dataset": dataset, "revision": revision, "split": split, "pairs": len(pairs),
         "file": f"sts/{task}.jsonl", "sha256": sha256_file(path)})
@@ -136,3 +152,17 @@ def sts_file(task: str, dataset: str, revision: str, root: Path | None = None) -
         raise DataError(f"{path}: missing or its sha256 differs from {root / MANIFEST}; "
                         "copy the bundle again")
     return path
+
+
+def pinned_sts_sha256(task: str, dataset: str, revision: str, root: Path | None = None) -> str | None:
+    """The sha256 the bundle recorded for STS task `task` fetched from `dataset` at
+    `revision` (what a local file of the same pairs hashes to), or None when it has none."""
+    try:
+        man = read_manifest(root if root is not None else bundle_root())
+    except DataError:
+        return None  # a broken bundle pins nothing; loading from it says why
+    entry = (man or {"sts": {}})["sts"].get(task)
+    if not isinstance(entry, dict) or (entry.get("dataset"), entry.get("revision")) != (dataset, revision):
+        return None
+    sha = entry.get("sha256")
+    return sha if isinstance(sha, str) else None

@@ -157,6 +157,33 @@ class _Writer:
             Path(self.tmp).unlink(missing_ok=True)
 
 
+def same_flatten(source: str | os.PathLike, fields: Sequence[str], out: str | os.PathLike,
+                 order: str = "record", min_chars: int = 0) -> FlattenResult | None:
+    """The recorded result when `out` already holds this very flatten: its `aleph.flatten`
+    recipe names the same source, shards, fields, order and min_chars, and no shard was
+    modified after `out` was written. None otherwise (no file, another recipe, unreadable)."""
+    import pyarrow.parquet as pq
+
+    out = Path(out).expanduser()
+    try:
+        readers.check_regular(out, "--out")
+        meta = json.loads((pq.read_metadata(out).metadata or {})[META_KEY])
+        files = source_files(source)
+        newest = max(p.stat().st_mtime_ns for p in files)
+        written = out.stat().st_mtime_ns
+    except Exception:  # noqa: BLE001 - any failure means "not known to be the same": flatten refuses OUT
+        return None
+    recipe = {"source": str(source), "shards": [p.name for p in files], "fields": list(fields),
+              "order": order, "min_chars": min_chars}
+    if any(meta.get(k) != v for k, v in recipe.items()) or newest > written:
+        return None
+    try:
+        return FlattenResult(str(out), meta["rows"], meta["records"], meta["kept"], meta["skipped"],
+                             meta.get("seconds", 0.0))
+    except (KeyError, TypeError):
+        return None
+
+
 def flatten_captions(source: str | os.PathLike, fields: Sequence[str], out: str | os.PathLike,
                      order: str = "record", min_chars: int = 0, say=lambda line: None
                      ) -> FlattenResult:

@@ -20,6 +20,12 @@ from aleph._io import file_kind, fsync_dir, sha256_json, work_root
 from aleph.errors import DataError
 
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+# Hub tokenizers pinned to a commit: bert-base-uncased's main-branch snapshot as seen in
+# public caches and scripts since 2024 (E1-FACTS.md, "Pins for evaluation"; not re-checked
+# against the hub from here: a wrong pin fails the download loudly, never silently).
+BERT_BASE_UNCASED_REVISION = "86b5e0934494bd15c9632b12f734a8a67f723594"
+TOKENIZER_PINS = {"bert-base-uncased": BERT_BASE_UNCASED_REVISION,
+                  "google-bert/bert-base-uncased": BERT_BASE_UNCASED_REVISION}
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] = 0, as ModelConfig.pad_id
 
 
@@ -37,7 +43,8 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
     <work root>/cache/hf). A missing directory, an unknown name, or a name that cannot be
     fetched offline is a DataError, and so is a hub answer `aleph._hub.guard_hub` refuses
     (an ETag or commit that is not a hex digest). `use_bundle=False` goes to the hub (what
-    `aleph data fetch` does to fill the bundle).
+    `aleph data fetch` does to fill the bundle). A hub name in TOKENIZER_PINS is fetched
+    at its pinned commit.
     """
     from transformers import AutoTokenizer  # heavy import, only when a tokenizer is needed
 
@@ -63,6 +70,8 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
             guard_hub()  # a mirror's ETag or commit never becomes a path unchecked
             cache = Path(cache_dir) if cache_dir is not None else work_root() / "cache" / "hf"
             source, kwargs = name, {"cache_dir": str(cache)}
+            if name in TOKENIZER_PINS:
+                kwargs["revision"] = TOKENIZER_PINS[name]
     try:
         # trust_remote_code=False: a directory asking for its own code is refused, never run
         # and never prompted for (transformers' interactive "run the custom code? [y/N]").
@@ -135,6 +144,26 @@ def configure_threads() -> str:
     n = tokenizer_threads()
     os.environ["RAYON_NUM_THREADS"] = str(n)
     return f"tokenizer threads: {n} (CPU affinity and cgroup quota)"
+
+
+MAX_TOKENIZER_FILE_BYTES = 64 << 20  # bert-base-uncased's largest file is ~0.7 MB
+
+
+def tokenizer_files(directory: str | os.PathLike) -> dict[str, str]:
+    """{file name: sha256} of the regular files of a saved tokenizer directory (links and
+    other entries are left out; a file over MAX_TOKENIZER_FILE_BYTES is refused)."""
+    from aleph._io import sha256_file
+
+    out = {}
+    for entry in sorted(Path(directory).iterdir()):
+        st = entry.lstat()
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        if st.st_size > MAX_TOKENIZER_FILE_BYTES:
+            raise DataError(f"{entry}: {st.st_size:,} bytes, more than a tokenizer file holds "
+                            f"(at most {MAX_TOKENIZER_FILE_BYTES:,})")
+        out[entry.name] = sha256_file(entry)
+    return out
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -4,7 +4,9 @@ Writes `eval.json` (atomic) and the same figures as TensorBoard scalars under `e
 in the run's `tb/`: one events file per evaluated step (`*.aleph-eval-step<N>`), which a
 re-evaluation of the same step replaces, so TensorBoard never shows two points at one step. eval.json records the sha256 of the weights file evaluated and a
 fingerprint of all evaluation data (every task's pairs and the probe rows/targets), so
-two eval.json files are comparable exactly when their fingerprints agree.
+two eval.json files are comparable exactly when their fingerprints agree. Each task records
+its pair count, the pinned test split's (`expected_pairs`), the sha256 of its pairs in the
+bundle's file format, and whether it is the E1 task (`e1_task`; `not_e1_task` says why not).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from aleph.eval import rundir
 from aleph.eval.capability import capability_with_toggle
 from aleph.eval.encode import DEFAULT_BATCH, Progress, encode
 from aleph.eval.probes import probe_all
-from aleph.eval.tasks import STSTask
+from aleph.eval.tasks import E1_PAIRS, STSTask, e1_task_check
 
 SCHEMA = 1
 DEFAULT_PROBE_BATCH = 256  # R@1 candidates per batch; stated next to the figure
@@ -32,11 +34,14 @@ DEFAULT_PROBE_BATCH = 256  # R@1 candidates per batch; stated next to the figure
 
 @dataclass(frozen=True)
 class ProbeData:
-    """Held-out caption rows and their targets, for R@1, cos->target and erank."""
+    """Caption rows and their targets, for R@1, cos->target and erank (aleph.eval.probe_data
+    says which rows each kind of run gets)."""
 
     texts: tuple[str, ...]
     targets: torch.Tensor  # (N, D) the teacher targets of `texts`, row for row
     source: str
+    kind: str = "files"  # e1-hash-sample, smoke-held-out or files (given on the command line)
+    seen_in_training: bool | None = None  # None: not known (explicit files from elsewhere)
 
     @property
     def fingerprint(self) -> str:
@@ -62,6 +67,8 @@ def evaluate_model(model, tokenizer, max_len: int, tasks: list[STSTask], probe: 
                 "spearman": cap["tasks"][t.name],
                 "spearman_dispatch_off": (cap["tasks_dispatch_off"] or {}).get(t.name),
                 "pairs": len(t.pairs), "source": t.source, "fingerprint": t.fingerprint,
+                "sha256": t.sha256, "expected_pairs": E1_PAIRS.get(t.name),
+                "e1_task": e1_task_check(t) is None, "not_e1_task": e1_task_check(t),
             }
             for t in tasks
         },
@@ -73,7 +80,8 @@ def evaluate_model(model, tokenizer, max_len: int, tasks: list[STSTask], probe: 
         on_batch = Progress(say, "probes") if say is not None else None
         student = encode(model, tokenizer, list(probe.texts), max_len, batch_size, device, on_batch)  # (N, D)
         result["probes"] = {**probe_all(student, probe.targets.float(), probe_batch),
-                            "source": probe.source, "fingerprint": probe.fingerprint}
+                            "source": probe.source, "fingerprint": probe.fingerprint,
+                            "set": probe.kind, "seen_in_training": probe.seen_in_training}
         if say is not None:
             p = result["probes"]
             say(f"probes: {p['rows']:,} rows, R@1 {p['r_at_1']:.4f} (b={p['r_at_1_batch_size']}), "

@@ -11,8 +11,8 @@ import torch
 from aleph.errors import DataError
 from aleph.eval import rundir
 from aleph.eval.evaluate import DEFAULT_PROBE_BATCH, evaluate_model, record
-from aleph.eval.probe_data import DEFAULT_ROWS, resolve_probe
-from aleph.eval.tasks import load_tasks, parse_task_names
+from aleph.eval.probe_data import DEFAULT_ROWS, probe_for_run
+from aleph.eval.tasks import E1_PAIRS, e1_task_check, load_tasks, parse_task_names
 
 
 def pick_device(name: str) -> str:
@@ -64,6 +64,25 @@ def require_trained(run_dir: Path, config: dict) -> None:
                     f"{run_dir}: training is incomplete ({how}): {todo}, {alt}")
 
 
+def tokenizer_record(config: dict, tok_dir: Path, tokenizer) -> dict:
+    """What eval.json says of the run's tokenizer (RUN/tokenizer): the name it was trained
+    with, the commit this code pins that name to (None when unpinned), the definition's
+    fingerprint, each file's sha256, and whether the fingerprint equals the offline bundle's
+    copy of that name (None when no bundle holds it)."""
+    from aleph.data.bundle import read_manifest
+    from aleph.data.tokenizer import TOKENIZER_PINS, tokenizer_files, tokenizer_fingerprint
+
+    name = config.get("tokenizer") or ("smoke data tokenizer" if config.get("smoke_data") else "")
+    fp = tokenizer_fingerprint(tokenizer)
+    try:
+        bundled = ((read_manifest() or {}).get("tokenizers") or {}).get(name)
+    except DataError:
+        bundled = None  # a broken bundle vouches for nothing
+    match = None if not isinstance(bundled, dict) else bundled.get("fingerprint") == fp
+    return {"name": name, "pinned_revision": TOKENIZER_PINS.get(name), "fingerprint": fp,
+            "files": tokenizer_files(tok_dir), "same_as_bundle": match}
+
+
 def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str | None = None,
              weights_dir: str | None = None, probe_captions: str | None = None,
              probe_targets: str | None = None, probe_rows: int = DEFAULT_ROWS,
@@ -83,7 +102,17 @@ def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str |
     if not tok_dir.is_dir():
         raise DataError(f"{tok_dir}: missing (a run directory keeps the tokenizer it trained with)")
     tasks = load_tasks(task_names or default_tasks(config), tasks_dir)  # before the model: fail fast on bad task data
-    probe = resolve_probe(config, probe_captions, probe_targets, probe_rows) if probes else None
+    if say is not None:
+        for t in tasks:
+            why = e1_task_check(t) if t.name in E1_PAIRS else None
+            if why is not None:
+                say(f"task {t.name}: not the E1 task: {why}")
+    probe, no_probe = (probe_for_run(config, probe_captions, probe_targets, probe_rows, run_dir)
+                       if probes else (None, "--no-probes"))
+    if probe is not None and probe.kind == "e1-hash-sample" and len(probe.texts) < probe_batch:
+        # a default set too small for one R@1 batch is skipped, not an error the user never asked for
+        probe, no_probe = None, (f"the run's captions give only {len(probe.texts):,} probe rows, "
+                                 f"fewer than one R@1 batch ({probe_batch})")
     dev = pick_device(device)
     model = load_model(wdir, device=dev)
     tokenizer = load_tokenizer(tok_dir)
@@ -95,4 +124,6 @@ def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str |
         say(f"evaluating {run_dir} ({wdir}) on {dev}: {len(tasks)} task(s){n_probe}")
     result = evaluate_model(model, tokenizer, max_len, tasks, probe, batch_size, probe_batch, dev, say)
     result["device"] = dev
+    result["probes_skipped"] = None if probe is not None else no_probe
+    result["tokenizer"] = tokenizer_record(config, tok_dir, tokenizer)
     return record(run_dir, result, wdir / WEIGHTS, weights_step(run_dir, wdir))

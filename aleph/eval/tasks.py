@@ -23,7 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from aleph._io import sha256_json, work_root
+from aleph._io import sha256_bytes, sha256_json, work_root
+from aleph.data.bundle import pairs_jsonl, pinned_sts_sha256
 from aleph.errors import DataError
 
 # The 8 tasks of E1 capability, in the order of the published per-task row.
@@ -47,6 +48,12 @@ HF_TASKS = {
     "sts16": ("mteb/sts16-sts", "4d8694f8f0e0100860b497b999b3dbed754a0513"),
     "biosses": ("mteb/biosses-sts", "d3fb88f8f02e40887cd149695127462bbcf29b4a"),
 }
+# Pairs of each task's test split at the pinned revision (MTEB's copies; E1-FACTS.md): a
+# task with another count is not the E1 task, whatever its file is called.
+E1_PAIRS = {"stsb": 1379, "sickr": 9927, "sts12": 3108, "sts13": 1500, "sts14": 3750,
+            "sts15": 3000, "sts16": 1186, "biosses": 100}
+TASK_FILES = ", ".join(f"{n}.tsv|.jsonl" for n in E1_TASKS)
+"""The eight file names `--tasks-dir` is searched for, as errors and help name them."""
 SMOKE_PAIRS = 256  # enough pairs that a trained/untrained gap is not noise
 SMOKE_SEED = 0
 
@@ -61,6 +68,36 @@ class STSTask:
     def fingerprint(self) -> str:
         """sha256 of the pairs themselves, so two evaluations can be shown to share data."""
         return sha256_json([list(p) for p in self.pairs])
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the pairs as the offline bundle writes them (`pairs_jsonl`): a bundle
+        file's recorded sha256, and equal for a .tsv or .jsonl file holding the same pairs."""
+        return sha256_bytes(pairs_jsonl(self.pairs).encode("utf-8"))
+
+
+def e1_task_check(task: STSTask) -> str | None:
+    """None when `task` is the E1 task of its name: the pinned test split with E1's pair
+    count, loaded from the hub or the bundle at the pinned revision, or a local file whose
+    pairs' sha256 equals the one the offline bundle recorded for that task. Otherwise why not."""
+    expected = E1_PAIRS.get(task.name)
+    if expected is None:
+        return f"{task.name} is not one of the 8 E1 tasks"
+    dataset, revision = HF_TASKS[task.name]
+    pin = f"{dataset}@{revision[:12]}"
+    if len(task.pairs) != expected:
+        return (f"{task.source} has {len(task.pairs):,} pairs, the E1 test split ({pin}) has "
+                f"{expected:,}")
+    if task.source in (f"hf:{pin}:test", f"bundle:{pin}:test"):
+        return None
+    pinned = pinned_sts_sha256(task.name, dataset, revision)
+    if pinned is None:
+        return (f"{task.source}: a local file, its pairs not checked against the pin (no offline "
+                f"bundle records {task.name} of {pin}; `aleph data fetch` makes one)")
+    if task.sha256 != pinned:
+        return (f"{task.source}: pairs sha256 {task.sha256[:12]} differ from the pinned {pin} "
+                f"copy's {pinned[:12]} (offline bundle)")
+    return None
 
 
 def parse_task_names(spec: str) -> list[str]:
@@ -100,7 +137,8 @@ def load_task(name: str, tasks_dir: str | Path | None = None) -> STSTask:
     where = f" and no {name}.tsv/.jsonl in {tasks_dir}" if tasks_dir else ""
     raise DataError(
         f"unknown STS task {name!r}{where}; known: {', '.join(E1_TASKS)}, smoke "
-        "(or pass --tasks-dir with <name>.tsv / <name>.jsonl files)"
+        f"(or pass --tasks-dir with <name>.tsv / <name>.jsonl files; the E1 tasks' files are "
+        f"{TASK_FILES})"
     )
 
 

@@ -136,8 +136,9 @@ def diagnose_lost(hb: dict[str, Any] | None) -> dict[str, Any]:
     cg = hb.get("cgroup") if isinstance(hb.get("cgroup"), dict) else None
     last = (f"last heartbeat {hb.get('utc', '?')}: {where}, RSS {_b(hb.get('rss_bytes'))} B")
     if cg is not None:
-        last += (f", cgroup working set {_b(cg.get('working_set_bytes'))} of limit "
-                 f"{_b(cg.get('limit_bytes')) if cg.get('limit_bytes') else 'none'} B")
+        limit = (f"of limit {_b(cg['limit_bytes'])} B" if cg.get("limit_bytes")
+                 else "B (no memory limit)")
+        last += f", cgroup working set {_b(cg.get('working_set_bytes'))} {limit}"
     oom = _oom_evidence(cg)
     if oom is None:
         text = f"ended without recording its end (killed: SIGKILL, OOM or host loss); {last}"

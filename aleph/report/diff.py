@@ -2,7 +2,9 @@
 
 Seven sections are compared from the run directories' own files (manifest.json with its
 per-launch records, config.json, launches/*): environment, envelope, execution, code,
-config, target store, launches. A run is represented by the launches that trained steps
+config, target store, launches. An eighth, "vs E1", states for each run how it differs
+from the published E1 setup and the e1 preset (aleph.report.comparability, with its
+eval.json when it has one): information, never held against A and B's equivalence. A run is represented by the launches that trained steps
 it kept (aleph.record.launch); the first of them is compared with the other run's, and
 every later one with its own run's first, naming the launch and its step range where the
 code, environment, envelope or execution changed. A launch that trained nothing (a no-op
@@ -33,7 +35,7 @@ from aleph.record.launch import (
     reference_launch,
     training_launches,
 )
-from aleph.report import code_compare, launches, store_diff
+from aleph.report import code_compare, comparability, launches, store_diff
 from aleph.report.gitdiff import CodeDiff
 from aleph.train.config import ADDED_FIELDS, RESUMABLE_CHANGES, with_added_fields
 
@@ -349,6 +351,11 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         for level, text in launches.check_launches(run, m):
             d.add("launches", level, f"{who}: {text}")
+    for who, run, c, m in (("A", run_a, ca, ma), ("B", run_b, cb, mb)):
+        ev = rundir.read_run_json(run, rundir.EVAL, required=False)
+        judged = comparability.judge(c, ev, m)
+        tasks = "" if ev is not None else " (not evaluated: tasks not judged)"
+        d.add("vs E1", "info", f"{who}: {judged['text']}{tasks}")
     return d
 
 

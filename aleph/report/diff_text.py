@@ -6,7 +6,7 @@ import dataclasses
 
 from aleph.report.diff import RunDiff
 
-SECTIONS = ("environment", "envelope", "execution", "code", "config", "targets", "launches")
+SECTIONS = ("environment", "envelope", "execution", "code", "config", "targets", "launches", "vs E1")
 MARK = {"same": "  same   ", "info": "  info   ", "caveat": "  CAVEAT ", "blocker": "  BLOCKER"}
 
 

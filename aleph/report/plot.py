@@ -6,6 +6,11 @@ per arm and seed (dispatch on; open markers: dispatch off; published E1 runs as 
 crosses when asked for or when the runs are e1-preset runs), and four bank health gauges
 of the a1/a3 runs over samples, each averaged over the layers (`health/layerNN/<gauge>`):
 gate mean, anchor drift, usage perplexity and the share of negative address weights.
+Runs not comparable to P (`aleph.report.comparability`) are never drawn on the published
+scale: the capability panel splits in two, runs comparable to P with the published crosses
+on the left, the others as diamonds on their own axis on the right, titled "not comparable
+to P"; their curves and the picture's title carry the same words, and so does the PNG's
+Description text (one line per run: its `vs P` cell).
 Rendered with matplotlib's Agg backend (no display needed), written atomically.
 """
 
@@ -54,12 +59,34 @@ def _samples_per_step(run_dir: Path) -> int | None:
     return b if isinstance(b, int) and b > 0 else None
 
 
+NOT_COMPARABLE = "not comparable to P"
+
+
 def _label(row: dict) -> str:
-    return row["run"]
+    return row["run"] if row.get("comparable", True) else f"{row['run']} ({NOT_COMPARABLE})"
+
+
+def description(report: dict) -> str:
+    """The PNG's Description text: each run row's `vs P` cell."""
+    return "\n".join(f"{r['run']}: {(r.get('vs_e1') or {}).get('short', 'not judged')}"
+                      for r in report["rows"] if r["kind"] == "run")
 
 
 def render_png(report: dict, run_dirs: list[Path]) -> bytes:
     """The picture of `report` (aleph.report.table.build of `run_dirs`) as PNG bytes."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(report, run_dirs)
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI, metadata={"Description": description(report)})
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def figure(report: dict, run_dirs: list[Path]):
+    """The matplotlib Figure of the picture (the caller closes it: plt.close)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,18 +107,19 @@ def render_png(report: dict, run_dirs: list[Path]) -> bytes:
             _health_panel(ax, gauge, title, runs, scalars, per_step, x_is_samples, xlabel)
         fig.suptitle(_title(runs), fontsize=11)
         fig.tight_layout(rect=(0, 0, 1, 0.96))
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=DPI)
-    finally:
+    except BaseException:
         plt.close(fig)
-    return buf.getvalue()
+        raise
+    return fig
 
 
 def _title(runs: list[dict]) -> str:
     """'smoke runs: a1_anchored-s0, ...': the presets the runs trained, so a smoke picture
-    is not read as E1's."""
+    is not read as E1's; the runs not comparable to P are named as such."""
     presets = sorted({str(r.get("preset") or "unknown-preset") for r in runs})
-    return f"{' + '.join(presets)} runs: " + ", ".join(r["run"] for r in runs)
+    title = f"{' + '.join(presets)} runs: " + ", ".join(r["run"] for r in runs)
+    apart = [r["run"] for r in runs if not r.get("comparable", True)]
+    return title + (f" ({NOT_COMPARABLE}: {', '.join(apart)})" if apart else "")
 
 
 def _style(runs: list[dict], row: dict) -> dict:
@@ -123,23 +151,42 @@ def _loss_panel(ax, runs, scalars, per_step, x_is_samples, xlabel) -> None:
 
 
 def _capability_panel(ax, report, runs) -> None:
-    arms = [a for a in ARM_ORDER if any(r["arm"] == a for r in runs)]
-    arms += sorted({r["arm"] for r in runs} - set(arms))
+    """Capability per arm and seed; runs not comparable to P on a panel of their own."""
     show_published = any(r["kind"] == "published" for r in report["rows"]) or \
         any(r.get("preset") == "e1" for r in runs)
     pub = [r for r in report["rows"] if r["kind"] == "published"] or \
         (published.reference_rows() if show_published else [])
+    near = [r for r in runs if r.get("comparable", True)]
+    apart = [r for r in runs if not r.get("comparable", True)]
+    if not apart:
+        _capability_axes(ax, near, pub, "capability (mean STS Spearman) per arm and seed")
+        return
+    if not near and not pub:
+        _capability_axes(ax, apart, [], f"capability: {NOT_COMPARABLE} (own scale)", apart=True)
+        return
+    fig, spec = ax.figure, ax.get_subplotspec().subgridspec(1, 2, wspace=0.15)
+    ax.remove()
+    _capability_axes(fig.add_subplot(spec[0]), near, pub, "comparable to P\n(published scale)")
+    _capability_axes(fig.add_subplot(spec[1]), apart, [], f"{NOT_COMPARABLE}\n(own scale)", apart=True)
+
+
+def _capability_axes(ax, runs, pub, title: str, apart: bool = False) -> None:
+    arms = [a for a in ARM_ORDER if any(r["arm"] == a for r in runs)]
+    arms += sorted({r["arm"] for r in runs} - set(arms))
     for a in (r["arm"] for r in pub):
         if a not in arms:
             arms.append(a)
     labelled = False
+    marker = "D" if apart else "o"  # diamonds: never mistaken for runs on the published scale
     for i, arm in enumerate(arms):
         group = [r for r in runs if r["arm"] == arm]
         for j, r in enumerate(group):
             x = i + (j - (len(group) - 1) / 2) * 0.15
-            ax.plot([x], [r["capability"]], "o", color=ARM_COLOURS.get(arm, "grey"), markersize=8)
+            ax.plot([x], [r["capability"]], marker, color=ARM_COLOURS.get(arm, "grey"), markersize=8,
+                    label=(NOT_COMPARABLE if apart and not labelled else None))
+            labelled = labelled or apart
             if r.get("capability_dispatch_off") is not None:
-                ax.plot([x], [r["capability_dispatch_off"]], "o", mfc="none",
+                ax.plot([x], [r["capability_dispatch_off"]], marker, mfc="none",
                         color=ARM_COLOURS.get(arm, "grey"), markersize=8)
             ax.annotate(f"s{r['seed']} ({r.get('basis', '?')})", (x, r["capability"]),
                         textcoords="offset points", xytext=(6, 4), fontsize=8)
@@ -147,12 +194,16 @@ def _capability_panel(ax, report, runs) -> None:
             ax.plot([i + 0.3 + 0.08 * j], [r["capability"]], "x", color="black", markersize=8,
                     label=None if labelled else "published E1 runs (basis P)")
             labelled = True
-    ax.set_xticks(range(len(arms)), arms)
+    split = "\n" in title  # one of two half-width panels: short arm names, own y axis side
+    ax.set_xticks(range(len(arms)), [a.split("_")[0] for a in arms] if split else arms)
     ax.set_xlim(-0.6, len(arms) - 0.2)
-    ax.set_title("capability (mean STS Spearman) per arm and seed")
-    ax.set_ylabel("Spearman (filled: dispatch on, open: off)")
-    if pub:
-        ax.legend(fontsize=8, loc="center right")
+    ax.set_title(title, fontsize=10)
+    if apart and split:
+        ax.yaxis.tick_right()  # its own scale, away from the published one
+    else:
+        ax.set_ylabel("Spearman (filled: dispatch on, open: off)")
+    if labelled:
+        ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3, axis="y")
 
 

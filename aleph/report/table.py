@@ -7,7 +7,9 @@ set (names and data) and on the same weights (final, or step N); the legend unde
 table says what each basis is and how it differs from A. Runs of one arm and one basis
 with at least two seeds get a mean row and a spread row (sample standard deviation);
 runs on different bases are never averaged. Published reference rows, when asked for,
-are appended with basis P; they never enter the mean/spread of replicated runs.
+are appended with basis P; they never enter the mean/spread of replicated runs. Every run
+row is judged against the published E1 setup (`aleph.report.comparability`): the `vs P`
+cell says whether it compares with P and what differs, its basis's legend line the details.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from aleph._io import sha256_json
 from aleph.errors import DataError
 from aleph.eval import rundir
 from aleph.eval.tasks import DISPLAY, E1_TASKS
-from aleph.report import published
+from aleph.report import comparability, published
 from aleph.train.config import OPERATIONAL
 
 NUMERIC = ("capability", "capability_dispatch_off", "toggle", "r_at_1", "cos_target", "erank")
@@ -67,6 +69,8 @@ def row_from_eval(run_dir: Path) -> dict:
     probes = rundir.field(ev, "probes", src, default=None) or {}
     tasks = rundir.field(ev, "tasks", src, kind=dict)
     config = _config(run_dir)
+    vs_e1 = comparability.judge(rundir.read_run_json(run_dir, rundir.CONFIG, required=False), ev,
+                                rundir.read_run_json(run_dir, rundir.MANIFEST, required=False))
     return {
         "run": rundir.field(ev, "run_id", src, kind=str), "kind": "run",
         "arm": rundir.field(ev, "arm", src, kind=str), "seed": ev.get("seed"),
@@ -87,6 +91,10 @@ def row_from_eval(run_dir: Path) -> dict:
         "config": config,
         "config_sha256": None if config is None else sha256_json(config),
         "preset": (config or {}).get("preset"),
+        "vs_e1": vs_e1, "comparable": vs_e1["comparable"],
+        "not_e1_tasks": [n for n in E1_TASKS if n in tasks and comparability.task_problem(n, tasks[n])],
+        "probe_set": probes.get("set"), "probe_seen": probes.get("seen_in_training"),
+        "probe_source": probes.get("source"),
     }
 
 
@@ -101,8 +109,12 @@ def assign_bases(rows: list[dict]) -> list[dict]:
         if key not in keys:
             letter = chr(ord("A") + len(keys)) if len(keys) < 26 else f"Z{len(keys) - 25}"
             keys[key] = {"basis": letter, "config": r["config"], "config_sha256": r["config_sha256"],
-                         "preset": r["preset"], "task_set": r["task_set"], "weights": r["weights"]}
+                         "preset": r["preset"], "task_set": r["task_set"], "weights": r["weights"],
+                         "vs_e1": [], "probes": []}
         r["basis"] = keys[key]["basis"]
+        for name, value in (("vs_e1", r["vs_e1"]["text"]), ("probes", _probe_text(r))):
+            if value is not None and value not in keys[key][name]:
+                keys[key][name].append(value)
     return list(keys.values())
 
 
@@ -129,11 +141,25 @@ def legend(bases: list[dict], with_published: bool) -> list[str]:
             cfg = f"config {preset}sha256 {b['config_sha256'][:12]}"
             if i:
                 cfg += f"; {_config_delta(b['config'], bases[0]['config'])}"
-        lines.append(f"basis {b['basis']}: {len(tasks)} task(s) ({shown}); {b['weights']} weights; {cfg}")
+        line = f"basis {b['basis']}: {len(tasks)} task(s) ({shown}); {b['weights']} weights; {cfg}"
+        line += "; vs E1: " + " | ".join(b.get("vs_e1") or ["not judged"])
+        if b.get("probes"):
+            line += "; probes: " + " | ".join(b["probes"])
+        lines.append(line)
     if with_published:
         lines.append(f"basis {PUBLISHED_BASIS}: the published E1 runs (8 E1 STS tasks, final weights, "
                      "E1's own config and evaluation)")
     return lines
+
+
+SEEN = {True: "seen in training", False: "held out", None: "not known whether trained on"}
+
+
+def _probe_text(row: dict) -> str | None:
+    """'<set> (seen in training)' of a probed run row, else None."""
+    if row.get("r_at_1") is None:
+        return None
+    return f"{row.get('probe_set') or 'unrecorded set'} ({SEEN.get(row.get('probe_seen'), 'not known')})"
 
 
 def arm_summaries(rows: list[dict]) -> tuple[list[dict], list[str]]:
@@ -181,6 +207,9 @@ def _summarise(arm: str, basis: str, group: list[dict], name_basis: bool) -> lis
             mean[key] = sd[key] = None
             mean[f"{key}_text"] = sd[f"{key}_text"] = why if key == "r_at_1" else MISSING_TEXT
     mean["dim"] = sd["dim"] = group[0].get("dim")
+    worst = next((r for r in group if not r["comparable"]), group[0])
+    mean["comparable"] = sd["comparable"] = worst["comparable"]
+    mean["vs_e1"] = sd["vs_e1"] = worst["vs_e1"]
     names = set.intersection(*(set(r["tasks"]) for r in group))
     mean["tasks"] = {n: statistics.fmean(r["tasks"][n] for r in group) for n in names}
     sd["tasks"] = {n: statistics.stdev(r["tasks"][n] for r in group) for n in names}

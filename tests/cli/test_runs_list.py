@@ -48,7 +48,9 @@ def test_runs_list_status_steps_launch_and_evaluation(tmp_path, capsys, monkeypa
     assert rows["a1_anchored-s0"][0] == "complete" and rows["a1_anchored-s0"][1].startswith("128/128  L0 (trained, complete")
     assert rows["a1_anchored-s0"][1].endswith("yes (final weights)")
     assert rows["a2_dense-s0"][0] == "stopped" and rows["a2_dense-s0"][1].endswith("yes (step 64)")
-    assert rows["a3_random-s0"][0] == "lost" and "L1 (trained, running, started 2026-11-30T01:00:00Z)" in rows["a3_random-s0"][1]
+    # marked running in the manifest, its process gone: lost in both columns, never "running"
+    assert rows["a3_random-s0"][0] == "lost" and "L1 (trained, lost, started 2026-11-30T01:00:00Z)" in rows["a3_random-s0"][1]
+    assert "L0 (trained, running, started" in rows["a3_random-s1"][1]  # a live launch is running
     assert rows["a3_random-s1"][0] == "running" and rows["a3_random-s1"][1].startswith("10/128")
     assert rows["a2_dense-s1"][1].endswith(f"no: `aleph eval {tmp_path / 'runs' / 'a2_dense-s1'}`")
     assert rows["smoke/a2_dense-s0"][0] == "complete"  # found one level down, runs/<preset>/
@@ -57,7 +59,8 @@ def test_runs_list_status_steps_launch_and_evaluation(tmp_path, capsys, monkeypa
     assert _table(capsys)[0]["a2_dense-s1"][1].endswith("no: `aleph eval a2_dense-s1`")
     # the lock is released: the same run now reads as lost; nothing was written by listing
     assert main(["runs", "list", str(tmp_path)]) == 0
-    assert _table(capsys)[0]["a3_random-s1"][0] == "lost"
+    after = _table(capsys)[0]["a3_random-s1"]
+    assert after[0] == "lost" and "L0 (trained, lost, started" in after[1]
     assert (live / "run.lock").read_text().startswith('{"pid": 1, "host": "gone"')
 
 

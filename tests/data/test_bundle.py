@@ -1,6 +1,7 @@
 """The offline bundle: `aleph data fetch` fills it through the hub loaders; with the hub
 gone, the tokenizer and the 8 STS tasks load from it and equal what the hub gave."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -11,10 +12,13 @@ from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from aleph.errors import DataError
 from aleph.eval import tasks
 
+DATASET_TASK = {d: t for t, (d, _) in tasks.HF_TASKS.items()}
 
-def _pairs(dataset):
-    """Distinct pairs per dataset, floats with long expansions, non-ASCII text."""
-    n = 3 + len(dataset) % 4
+
+def _pairs(dataset, short=0):
+    """Distinct pairs per dataset, as many as its pinned test split has (less `short`),
+    floats with long expansions, non-ASCII text."""
+    n = tasks.E1_PAIRS[DATASET_TASK[dataset]] - short
     return {"sentence1": [f"{dataset} a{i} caf\u00e9" for i in range(n)],
             "sentence2": [f"{dataset} b{i}\u2028x" for i in range(n)],
             "score": [i / 3 for i in range(n)]}
@@ -27,7 +31,7 @@ def hub(monkeypatch, smoke):
     import datasets
     from transformers import AutoTokenizer
 
-    state = {"online": True, "tok_calls": [], "ds_calls": []}
+    state = {"online": True, "tok_calls": [], "ds_calls": [], "short": {}}
     orig = AutoTokenizer.from_pretrained
 
     def from_pretrained(source, **kw):
@@ -35,16 +39,17 @@ def hub(monkeypatch, smoke):
             return orig(source, **kw)
         if not state["online"]:
             raise OSError(f"offline: cannot reach the hub for {source}")
-        state["tok_calls"].append(source)
+        state["tok_calls"].append((source, kw.get("revision")))
         assert source == "bert-base-uncased"
-        return orig(str(smoke.tokenizer_dir))
+        kw.pop("revision", None)  # a local directory has no revisions
+        return orig(str(smoke.tokenizer_dir), **kw)
 
     def load_dataset(path, split, revision, cache_dir):
         if not state["online"]:
             raise ConnectionError(f"offline: cannot reach the hub for {path}")
         state["ds_calls"].append((path, revision))
         assert (path, revision) in tasks.HF_TASKS.values() and split == "test"
-        return datasets.Dataset.from_dict(_pairs(path))
+        return datasets.Dataset.from_dict(_pairs(path, state["short"].get(path, 0)))
 
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", from_pretrained)
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
@@ -104,3 +109,25 @@ def test_a_bundle_of_another_revision_or_damaged_is_refused(work, hub, capsys):
         tasks.load_task("sts12")
     assert main(["data", "fetch", "--tasks", "smoke"]) == 2
     assert "not hub tasks" in capsys.readouterr().err
+
+
+def test_fetch_pins_the_tokenizer_records_its_files_and_checks_every_pair_count(work, hub, capsys):
+    assert main(["data", "fetch", "--tasks", "biosses"]) == 0
+    pin = "86b5e0934494bd15c9632b12f734a8a67f723594"  # E1-FACTS.md, "Pins for evaluation"
+    assert hub["tok_calls"] == [("bert-base-uncased", pin)]
+    bundle = work / "data" / "offline"
+    man = json.loads((bundle / "bundle.json").read_text())
+    tok = man["tokenizers"]["bert-base-uncased"]
+    assert tok["revision"] == pin and "tokenizer.json" in tok["files"]
+    for name, sha in tok["files"].items():
+        assert hashlib.sha256((bundle / tok["dir"] / name).read_bytes()).hexdigest() == sha
+    assert man["sts"]["biosses"]["pairs"] == 100
+    assert f"tokenizer bert-base-uncased@{pin[:12]}:" in capsys.readouterr().out
+    hub["short"]["mteb/sts13-sts"] = 1  # the hub gives one pair fewer than the pinned split
+    assert main(["data", "fetch", "--tasks", "sts13"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "aleph data: error: STS task 'sts13': mteb/sts13-sts@7e90230a92c1 test gave 1,499 "
+        "pairs, its pinned split has 1,500; not written to the bundle (a changed or partial "
+        "download)")
+    assert "sts13" not in json.loads((bundle / "bundle.json").read_text())["sts"]
+    assert not (bundle / "sts" / "sts13.jsonl").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 
@@ -129,8 +130,17 @@ def test_cli_prints_the_row_count_on_stdout(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"{len(expected(recs, 'field', 20))}\n"
     assert "rows per field" in r.stderr
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # OUT exists now
-    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    first = out.read_bytes()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # the same flatten again
+    assert r.returncode == 0 and r.stdout == f"{len(expected(recs, 'field', 20))}\n", r.stderr
+    assert r.stderr.strip().endswith("the source is unchanged since): done, nothing written")
+    assert out.read_bytes() == first
+    r = subprocess.run([*cmd[:-3], "10", *cmd[-2:]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and "already exists" in r.stderr  # another recipe
+    assert len(r.stderr.strip().splitlines()) == 1 and out.read_bytes() == first
+    os.utime(src, ns=(out.stat().st_mtime_ns + 10**9,) * 2)  # the source changed since
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "already exists" in r.stderr
 
 
 def test_e1_preset_choice_reads_from_and_writes_to_the_e1_data_dir(tmp_path):
@@ -145,6 +155,9 @@ def test_e1_preset_choice_reads_from_and_writes_to_the_e1_data_dir(tmp_path):
     want = expected(recs, "record", 50)
     assert r.stdout == f"{len(want)}\n" and "E1's targets have 31,905,616" in r.stderr
     assert rows_of(work / "data" / "e1" / "captions.parquet") == want
+    r = subprocess.run([sys.executable, "-m", "aleph", "data", "captions", "--e1"],
+                       capture_output=True, text=True, timeout=120, env=env)  # rerun: done, exit 0
+    assert r.returncode == 0 and r.stdout == f"{len(want)}\n" and "done, nothing written" in r.stderr
     r = subprocess.run([sys.executable, "-m", "aleph", "data", "captions", "--fields", "x"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and "SRC, --out required" in r.stderr

@@ -228,6 +228,9 @@ def test_a_vanished_launch_is_named_oom_killed_only_on_evidence(tmp_path):
     # the cgroup is gone (a restarted container): only the usage rule can speak
     assert heartbeat.diagnose_lost(_beat(tmp_path / "gone", 500, 1000, 0))["oom"] is None
     assert "left no heartbeat" in heartbeat.diagnose_lost(None)["diagnosis"]
+    # a cgroup without a memory limit says so, never "of limit none B"
+    got = heartbeat.diagnose_lost(_beat(tmp_path / "gone", 500, None, 0))["diagnosis"]
+    assert got.endswith("step 7, RSS 123 B, cgroup working set 500 B (no memory limit)")
 
 
 def test_heartbeat_file_is_rewritten_atomically_with_step_and_memory(tmp_path):

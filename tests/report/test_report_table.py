@@ -47,9 +47,9 @@ def test_rows_means_and_spread(tmp_path):
 
     md = markdown(rep)
     lines = md.splitlines()
-    assert "| run | mean | dispatch OFF | toggle | R@1 | cos->target | erank/768 | basis |" in lines
-    assert "| a1_anchored-s0 | 0.6000 | 0.5500 | -0.0500 | 0.9900 (b=256) | 0.8000 | 98.0 | A |" in lines
-    assert "| a2_dense-s0 | 0.6100 | n/a | n/a | 0.9900 (b=256) | 0.8000 | 90.0 | A |" in lines
+    assert "| run | mean | dispatch OFF | toggle | R@1 | cos->target | erank/768 | basis | vs P |" in lines
+    assert "| a1_anchored-s0 | 0.6000 | 0.5500 | -0.0500 | 0.9900 (b=256) | 0.8000 | 98.0 | A | not comparable to P (no config, tasks) |" in lines
+    assert "| a2_dense-s0 | 0.6100 | n/a | n/a | 0.9900 (b=256) | 0.8000 | 90.0 | A | not comparable to P (no config, tasks) |" in lines
     assert any(line.startswith("| a1_anchored mean (n=2, seeds 0,1) | 0.6100 |") for line in lines)
     assert "| run | STS-B | SICK-R | STS12 | STS13 | STS14 | STS15 | STS16 | BIOSSES |" in lines
 
@@ -83,7 +83,7 @@ def test_different_task_sets_weights_and_configs_are_marked_and_never_averaged(t
     assert "basis D: 8 task(s)" in legend and "config differs from A: lr=0.01 (A: 0.002)" in legend
     assert any("runs on bases A, B, C, D are not averaged" in n for n in rep["notes"])
     md = markdown(rep)
-    assert "| a2_dense-s3 | 0.4000 | n/a | n/a | 0.9900 (b=256) | 0.8000 | 90.0 | C |" in md
+    assert "| a2_dense-s3 | 0.4000 | n/a | n/a | 0.9900 (b=256) | 0.8000 | 90.0 | C | not comparable to P (model, config, tasks, tokenizer) |" in md
 
 
 def test_a_run_without_probes_is_not_called_a_batch_size_difference(tmp_path):
@@ -94,7 +94,7 @@ def test_a_run_without_probes_is_not_called_a_batch_size_difference(tmp_path):
     assert mean["capability"] == pytest.approx(0.61) and mean["r_at_1"] is None
     md = markdown(rep)
     assert "batch sizes differ" not in md
-    assert "| a2_dense mean (n=2, seeds 0,1) | 0.6100 | n/a | n/a | — (not probed: 1 of 2 runs) | — | — | A |" in md
+    assert "| a2_dense mean (n=2, seeds 0,1) | 0.6100 | n/a | n/a | — (not probed: 1 of 2 runs) | — | — | A | not comparable to P (no config, tasks) |" in md
 
 
 def test_the_glossary_is_printed_under_the_table(tmp_path, capsys):
@@ -124,7 +124,7 @@ def test_published_rows_are_labelled_and_sourced(tmp_path):
     assert all(r["run"].startswith("E1 published ") for r in pub)
     assert pub[1]["tasks"]["sts15"] == 0.7094 and pub[0]["tasks"] == {}
     md = markdown(rep)
-    assert "| E1 published a1_anchored-s1 | 0.6007 | — | — | about 0.998 | about 0.839-0.842 | about 98.6-99.2 of 768 | P |" in md
+    assert "| E1 published a1_anchored-s1 | 0.6007 | — | — | about 0.998 | about 0.839-0.842 | about 98.6-99.2 of 768 | P | P |" in md
     assert "| E1 published a1_anchored-s1 | 0.5681 | 0.6512 | 0.4931 |" in md
     assert published.source() in md and "model cards" in published.source()
     # reference rows never enter a replication's mean
@@ -201,5 +201,5 @@ def test_the_picture_title_names_the_preset_the_runs_trained(tmp_path):
     smoke = fake_eval(tmp_path / "s", "a2_dense", 0, 0.9, config={"preset": "smoke"})
     e1 = fake_eval(tmp_path / "e", "a2_dense", 1, 0.6, config={"preset": "e1"})
     runs = [r for r in table.build([smoke, e1])["rows"] if r["kind"] == "run"]
-    assert plot._title(runs[:1]) == "smoke runs: s"
-    assert plot._title(runs) == "e1 + smoke runs: s, e"
+    assert plot._title(runs[:1]) == "smoke runs: s (not comparable to P: s)"
+    assert plot._title(runs) == "e1 + smoke runs: s, e (not comparable to P: s, e)"

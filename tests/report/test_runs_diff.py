@@ -360,3 +360,22 @@ def test_a_launch_that_found_the_run_complete_is_not_a_resume(tmp_path):
         (f.level, f.text) for f in d.findings if f.section == "launches"]
     edit(b, "manifest.json", lambda m: m["launches"][1].update(note="64 steps"))
     assert diff_runs(a, b).caveats == ["B: 2 launch(es) trained steps the run kept: resumed 1 time(s)"]
+
+
+def test_runs_diff_says_how_each_run_differs_from_the_e1_preset(tmp_path):
+    from aleph.report.comparability import e1_preset
+
+    a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False)
+    atomic_write_json(a / "config.json", {**e1_preset(), "arm": "a1_anchored", "seed": 0,
+                                          "captions": "/d/c.parquet", "targets": ["/d/t"]})
+    edit(a, "manifest.json", lambda m: m["target_store"].update(rows=31_905_616))
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False)
+    text = format_diff(diff_runs(a, b))
+    section = text.split("[vs E1]\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert section[0] == ("  info    A: E1's setup (model, e1 preset config, training rows, "
+                          "tokenizer) (not evaluated: tasks not judged)")
+    assert section[1].startswith("  info    B: not comparable to P: model shape not recorded (E1: 12x512)")
+    assert "lr=0.002 (e1: 0.0005)" in section[1] and "smoke_data=True (e1: False)" in section[1]
+    assert "trained on 2,048 target rows (E1: 31,905,616)" in section[1]
+    assert "tokenizer the smoke data's own (E1: bert-base-uncased)" in section[1]
+    assert section[1].endswith("(not evaluated: tasks not judged)")

@@ -119,3 +119,26 @@ def test_verify_help_says_what_each_level_catches(capsys):
     for level in ("quick ", "--full ", "--sources "):
         assert f"\n  {level}" in text
     assert "even with size and mtime kept" in text and "Misses:" in text
+
+
+def test_a_chunk_directory_given_to_verify_info_and_probes_is_its_built_store(make_chunks, work, capsys):
+    paths, _ = make_chunks(rows=(12, 9))
+    chunks = paths[0].parent
+    # not built yet: the error names the build command and the path it writes, no loop
+    assert main(["targets", "verify", str(chunks)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"aleph targets: error: {chunks} is a chunk directory, not a target store; "
+                          f"its store {work / 'cache' / 'targets'}/")
+    assert err.endswith(f" does not exist yet: run `aleph targets build {chunks}` to build it there, "
+                        "then pass either path")
+    assert "no manifest" not in err
+    assert main(["targets", "build", str(chunks)]) == 0
+    store_dir = capsys.readouterr().out.splitlines()[-1].split(":")[0]
+    assert main(["targets", "verify", str(chunks), "--full"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{store_dir} (the store of chunk directory {chunks}): OK, full")
+    assert main(["targets", "info", str(chunks)]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 21
+    from aleph.eval.probe_data import _load_targets
+
+    assert _load_targets(chunks, 5).shape == (5, 8)  # eval --probe-targets takes it too
