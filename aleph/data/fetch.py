@@ -21,12 +21,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
+import stat
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from aleph._io import atomic_write_json, fsync_dir, read_json, work_root
-from aleph.data import readers
+from aleph.data import fetch_http, readers
+from aleph.data.fetch_http import FetchLimits
 from aleph.errors import DataError
 
 CAPTIONS_REPO = "CaptionEmporium/conceptual-captions-cc12m-llavanext"
@@ -61,31 +63,37 @@ def _verify(path: Path, size: int, sha256: str) -> str | None:
     return None if digest == sha256 else f"sha256 {digest}, expected {sha256}"
 
 
-def _hub_record(repo: str, filename: str, revision: str, endpoint: str | None) -> dict:
-    """commit, size and sha256 of `filename` at `revision`, from the hub's file record."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+def _hub_record(repo: str, filename: str, revision: str, endpoint: str | None,
+                limits: FetchLimits) -> dict:
+    """commit, size and sha256 of `filename` at `revision`, from the hub's file record
+    (`fetch_http.file_record`: a HEAD with bounded redirects and time)."""
+    from huggingface_hub import hf_hub_url
 
     url = hf_hub_url(repo, filename, repo_type="dataset", revision=revision, endpoint=endpoint)
+    what = f"the hub's record of {repo}/{filename} at {revision}"
     try:
-        meta = get_hf_file_metadata(url)
+        meta = fetch_http.file_record(url, what, limits)
+    except DataError:
+        raise
     except Exception as e:  # offline, unknown repo/revision, 401: huggingface_hub raises many types
         first = (str(e).splitlines() or [""])[0]
-        raise DataError(f"cannot read the hub's record of {repo}/{filename} at {revision} "
-                        f"({type(e).__name__}: {first}); needs network access to the hub (and "
-                        "HF_TOKEN if the repo is gated), or a copied file and its record") from None
-    commit, sha, size = meta.commit_hash or "", (meta.etag or "").lower(), meta.size
-    if not _HEX40.fullmatch(commit) or not _HEX64.fullmatch(sha) or not isinstance(size, int):
-        raise DataError(f"the hub's record of {repo}/{filename} at {revision} lacks a full commit "
-                        f"id, an LFS sha256 or a size (commit {commit!r}, etag {sha!r}, size "
-                        f"{size!r}); expected an LFS file record")
+        raise DataError(f"cannot read {what} ({type(e).__name__}: {first}); needs network "
+                        "access to the hub (and HF_TOKEN if the repo is gated), or a copied file "
+                        "and its record") from None
+    commit, sha, size = meta["commit"], meta["sha256"], meta["size"]
+    if not _HEX40.fullmatch(commit) or not _HEX64.fullmatch(sha):
+        raise DataError(f"{what} lacks a full commit id or an LFS sha256 (commit "
+                        f"{commit[:80]!r}, etag {sha[:80]!r}); expected an LFS file record")
     return {"commit": commit, "size": size, "sha256": sha}
 
 
 def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIONS_REVISION,
                    endpoint: str | None = None, repo: str = CAPTIONS_REPO,
-                   filename: str = CAPTIONS_FILE, say=lambda line: None) -> Path:
+                   filename: str = CAPTIONS_FILE, say=lambda line: None,
+                   limits: FetchLimits | None = None) -> Path:
     """The verified caption file under `dest` (default <work>/data/e1), downloaded if
     needed (see the module docstring); returns its path."""
+    limits = limits if limits is not None else FetchLimits.from_env()
     dest = Path(dest).expanduser() if dest is not None else captions_dir()
     dest.mkdir(parents=True, exist_ok=True)
     final, record_path = dest / filename, dest / (filename + RECORD_SUFFIX)
@@ -111,7 +119,7 @@ def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIO
         say(f"{final}: verified: {record['size']:,} bytes, sha256 {record['sha256'][:16]}…, "
             f"{repo} at {record['commit'][:12]} (no download)")
         return final
-    hub = _hub_record(repo, filename, revision, endpoint)
+    hub = _hub_record(repo, filename, revision, endpoint, limits)
     if record is not None and (record["commit"], record["size"], record["sha256"]) != (
             hub["commit"], hub["size"], hub["sha256"]):
         raise DataError(f"{repo} revision {revision} now resolves to commit {hub['commit']} "
@@ -127,7 +135,7 @@ def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIO
             raise DataError(f"{final} exists without a record and is not {repo}/{filename} at "
                             f"{hub['commit'][:12]}: {bad}; it is not replaced: move it away")
     else:
-        _download(dest, final, entry, endpoint, say)
+        _download(dest, final, entry, endpoint, say, limits)
     atomic_write_json(record_path, {**entry, "fetched_utc": datetime.now(UTC)
                                     .strftime("%Y-%m-%dT%H:%M:%SZ")})
     say(f"{final}: {hub['size']:,} bytes, sha256 {hub['sha256']}, {repo} at commit "
@@ -135,26 +143,33 @@ def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIO
     return final
 
 
-ATTEMPTS = 3  # tries per call, each resuming where the last one stopped
-
-
-def _download(dest: Path, final: Path, entry: dict, endpoint: str | None, say) -> None:
+def _download(dest: Path, final: Path, entry: dict, endpoint: str | None, say,
+              limits: FetchLimits) -> None:
     """GET the file at its commit into .fetch/<file>.<sha256 prefix>.part, resuming from the
-    bytes already there with a Range request (huggingface_hub's session and headers, so
-    HF_TOKEN and HF_ENDPOINT apply), then verify and move it into place."""
-    import time
-
+    bytes already there with a Range request (`fetch_http.get_into`: huggingface_hub's
+    session and headers, so HF_TOKEN and HF_ENDPOINT apply; every bound of `limits`), then
+    verify and move it into place."""
     from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     partial_dir = dest / ".fetch"  # hidden: a partial download never looks like the file
-    partial_dir.mkdir(exist_ok=True)
+    try:
+        partial_dir.mkdir()
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(partial_dir).st_mode):  # a link to elsewhere: not ours
+            raise DataError(f"{partial_dir} is not a directory this command made (a symbolic "
+                            "link or a file); expected a directory: move it away") from None
     part = partial_dir / f"{entry['file']}.{entry['sha256'][:16]}.part"
     url = hf_hub_url(entry["repo"], entry["file"], repo_type="dataset", revision=entry["commit"],
                      endpoint=endpoint)
     size, error = entry["size"], ""
-    for attempt in range(ATTEMPTS):
-        have = part.stat().st_size if part.exists() else 0
+    deadline = time.monotonic() + limits.deadline_s  # one for the whole download
+    for attempt in range(limits.attempts):
+        have = fetch_http.partial_size(part)
+        if time.monotonic() >= deadline:
+            raise DataError(f"download of {entry['repo']}/{entry['file']} not done within the "
+                            f"{limits.deadline_s:g} s deadline ({have:,} of {size:,} bytes; "
+                            f"limit: {fetch_http.ENV_PREFIX}DEADLINE_S; {error}); run the same "
+                            f"command again to resume from {part}")
         if have > size:  # not a prefix of this file: start again
             part.unlink()
             have = 0
@@ -162,34 +177,34 @@ def _download(dest: Path, final: Path, entry: dict, endpoint: str | None, say) -
             break
         say(f"downloading {entry['repo']}/{entry['file']} at {entry['commit'][:12]}: "
             f"{have:,} of {size:,} bytes here, fetching the rest into {part}")
-        headers = build_hf_headers()
-        if have:
-            headers["Range"] = f"bytes={have}-"
         try:
-            with get_session().stream("GET", url, headers=headers, follow_redirects=True,
-                                      timeout=60) as r:
-                hf_raise_for_status(r)
-                resumed = have and r.status_code == 206
-                with open(part, "ab" if resumed else "wb") as f:
-                    for chunk in r.iter_bytes():  # as received: a cut keeps what came
-                        f.write(chunk)
-                    f.flush()
-                    os.fsync(f.fileno())
+            fetch_http.get_into(url, part, have, size, limits, deadline)
+        except DataError:
+            raise
         except Exception as e:  # network, HTTP errors: huggingface_hub and httpx raise many types
             error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-            if attempt + 1 < ATTEMPTS:
+            if attempt + 1 < limits.attempts and time.monotonic() + 1.0 < deadline:
                 time.sleep(1.0)
-    have = part.stat().st_size if part.exists() else 0
+    have = fetch_http.partial_size(part)
     if have < size:
         raise DataError(f"download of {entry['repo']}/{entry['file']} at {entry['commit'][:12]} "
                         f"stopped at {have:,} of {size:,} bytes ({error}); run the same command "
                         f"again to resume from {part}")
     bad = _verify(part, size, entry["sha256"])
     if bad:
-        shutil.rmtree(partial_dir, ignore_errors=True)  # ours, and damaged: nothing kept
+        part.unlink()  # ours (a regular file, checked above), and damaged: nothing kept
+        _remove_empty(partial_dir)
         raise DataError(f"downloaded {entry['file']} is damaged: {bad} (the hub's record for "
                         f"commit {entry['commit'][:12]}); deleted, nothing kept under {dest}: "
                         "run the command again")
     os.replace(part, final)
     fsync_dir(dest)
-    shutil.rmtree(partial_dir, ignore_errors=True)
+    _remove_empty(partial_dir)
+
+
+def _remove_empty(directory: Path) -> None:
+    """Remove `directory` if it is empty (never what someone else put in it)."""
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
