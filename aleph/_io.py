@@ -193,6 +193,28 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
+def parse_json_bytes(data: bytes) -> Any:
+    """The JSON value of `data`, which must be UTF-8 (json.loads would also take UTF-16 and
+    UTF-32 bytes). ValueError, one line, for other text, invalid JSON, or nesting deeper than
+    the parser's recursion limit (a RecursionError otherwise)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        hint = " (NUL bytes: UTF-16 or UTF-32?)" if b"\0" in data[:4096] else ""
+        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start}){hint}") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse; expected a shallow document") from None
+
+
+def read_json_bounded(path: str | os.PathLike, limit: int, *, follow: bool = False) -> Any:
+    """The JSON value of a regular file of at most `limit` bytes (`read_bounded`: no link
+    followed unless `follow`, nothing but a regular file, never more than limit + 1 bytes
+    read), parsed by `parse_json_bytes`. OSError or ValueError, each one line."""
+    return parse_json_bytes(read_bounded(path, limit, follow=follow))
+
+
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
