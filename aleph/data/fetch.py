@@ -10,10 +10,15 @@ request: huggingface_hub 1.x's `hf_hub_download` deletes a partial file), checks
 and sha256, and only then moves it to `<dest>/train.jsonl.gz` and writes the record
 `<dest>/train.jsonl.gz.fetch.json` (repo, file, revision, commit, size, sha256, licence).
 A damaged download is deleted and refused in one line; nothing under `<dest>` claims to
-be good. Later calls verify the file against the record and need no network, so a VM
+be good. Later calls check the file against the record and need no network, so a VM
 without network gets the file and its record copied (the offline bundle story); a call
-that reaches the hub refuses a revision that now resolves to another commit. The token,
-when one is needed, is huggingface_hub's own: HF_TOKEN in the environment.
+that reaches the hub refuses a revision that now resolves to another commit. The record
+proves only that the file matches the record (whoever can write the file can write its
+record), and the output says exactly that; an expected sha256 from elsewhere (`--sha256`,
+or CAPTIONS_SHA256 below once known) is what a forger cannot set: the record, the hub's
+answer and the file must all have it. The record is read bounded (RECORD_MAX_BYTES, no
+link followed, every field checked). The HTTP half, with its bounds, is `fetch_http`; the
+token, when one is needed, is huggingface_hub's own (HF_TOKEN in the environment).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aleph._io import atomic_write_json, fsync_dir, read_json, work_root
+from aleph._io import atomic_write_json, fsync_dir, read_json_bounded, short_repr, work_root
 from aleph.data import fetch_http, readers
 from aleph.data.fetch_http import FetchLimits
 from aleph.errors import DataError
@@ -35,6 +40,10 @@ CAPTIONS_REPO = "CaptionEmporium/conceptual-captions-cc12m-llavanext"
 CAPTIONS_FILE = "train.jsonl.gz"
 CAPTIONS_REVISION = "1c24bdb"  # the public record's short id; resolved and recorded at first use
 CAPTIONS_LICENCE = "CC-BY-SA-4.0"
+# The sha256 of train.jsonl.gz at CAPTIONS_REVISION, from a source other than the file's own
+# record: not known where this code was written (no network), so None: set it to the hub's LFS
+# sha256 once read on a trusted machine; until then `--sha256 HEX` supplies it per call.
+CAPTIONS_SHA256: str | None = None
 RECORD_SUFFIX = ".fetch.json"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -61,6 +70,59 @@ def _verify(path: Path, size: int, sha256: str) -> str | None:
         return f"{have:,} bytes, expected {size:,}"
     _, digest = _sha256(path)
     return None if digest == sha256 else f"sha256 {digest}, expected {sha256}"
+
+
+def _expected_sha256(given: str | None, repo: str, filename: str, revision: str) -> str | None:
+    """The digest the file must have: `given` (--sha256), else CAPTIONS_SHA256 for E1's own
+    file at its pinned revision, else None (then only the hub's record vouches for it)."""
+    if given is not None:
+        digest = given.strip().lower()
+        if not _HEX64.fullmatch(digest):
+            raise DataError(f"--sha256 {given[:80]!r}: expected 64 hex digits")
+        return digest
+    if (repo, filename, revision) == (CAPTIONS_REPO, CAPTIONS_FILE, CAPTIONS_REVISION):
+        return CAPTIONS_SHA256
+    return None
+
+
+def _expect_source(given: str | None) -> str:
+    return "--sha256" if given is not None else "CAPTIONS_SHA256 in aleph/data/fetch.py"
+
+
+RECORD_MAX_BYTES = 64 << 10  # the record is a few hundred bytes
+_RECORD_FIELDS = {"repo": str, "file": str, "revision": str, "commit": _HEX40, "size": int,
+                  "sha256": _HEX64}
+
+
+def read_record(path: Path) -> dict:
+    """A fetch record, checked: a regular file (no link followed) of at most
+    RECORD_MAX_BYTES, a UTF-8 JSON object of bounded depth holding every field of
+    _RECORD_FIELDS with its type; else a DataError naming the file and the field."""
+    try:
+        record = read_json_bounded(path, RECORD_MAX_BYTES, follow=False)
+    except OSError as e:
+        raise DataError(f"fetch record {path}: {e.strerror or e}; expected the JSON file this "
+                        "command writes: move it away and fetch again") from None
+    except ValueError as e:
+        raise DataError(f"fetch record {path}: not a fetch record ({str(e)[:200]}); expected "
+                        "the JSON this command writes: move it away and fetch again") from None
+    if not isinstance(record, dict):
+        raise DataError(f"fetch record {path}: a JSON {type(record).__name__}, expected an object "
+                        f"with {', '.join(_RECORD_FIELDS)}")
+    for name, kind in _RECORD_FIELDS.items():
+        if not _field_ok(record.get(name), kind):
+            want = {str: "a string", int: "a size in bytes"}.get(kind, "hex digits")
+            raise DataError(f"fetch record {path}: field {name!r} is "
+                            f"{short_repr(record.get(name), 80)}, expected {want}")
+    return record
+
+
+def _field_ok(value, kind) -> bool:
+    if isinstance(kind, re.Pattern):
+        return isinstance(value, str) and kind.fullmatch(value) is not None
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, str) and value != ""
 
 
 def _hub_record(repo: str, filename: str, revision: str, endpoint: str | None,
@@ -90,25 +152,26 @@ def _hub_record(repo: str, filename: str, revision: str, endpoint: str | None,
 def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIONS_REVISION,
                    endpoint: str | None = None, repo: str = CAPTIONS_REPO,
                    filename: str = CAPTIONS_FILE, say=lambda line: None,
-                   limits: FetchLimits | None = None) -> Path:
+                   limits: FetchLimits | None = None, expect_sha256: str | None = None) -> Path:
     """The verified caption file under `dest` (default <work>/data/e1), downloaded if
-    needed (see the module docstring); returns its path."""
+    needed (see the module docstring); returns its path. `expect_sha256` (else
+    CAPTIONS_SHA256 for E1's own file) is the digest the file must have, whatever its
+    record or the server says."""
     limits = limits if limits is not None else FetchLimits.from_env()
     dest = Path(dest).expanduser() if dest is not None else captions_dir()
     dest.mkdir(parents=True, exist_ok=True)
     final, record_path = dest / filename, dest / (filename + RECORD_SUFFIX)
+    expect = _expected_sha256(expect_sha256, repo, filename, revision)
     record = None
-    if record_path.exists():
-        readers.check_regular(record_path, "fetch record")
-        try:
-            record = read_json(record_path)
-        except ValueError as e:
-            raise DataError(f"{record_path}: not a fetch record ({e}); expected the JSON this "
-                            "command writes: move it away and fetch again") from None
-        if record.get("repo") != repo or record.get("file") != filename or \
-                record.get("revision") != revision:
-            raise DataError(f"{record_path} records {record.get('repo')}/{record.get('file')} "
-                            f"at {record.get('revision')}, not {repo}/{filename} at {revision}")
+    if os.path.lexists(record_path):
+        record = read_record(record_path)
+        if (record["repo"], record["file"], record["revision"]) != (repo, filename, revision):
+            raise DataError(f"{record_path} records {record['repo']}/{record['file']} at "
+                            f"{record['revision']}, not {repo}/{filename} at {revision}")
+        if expect is not None and record["sha256"] != expect:
+            raise DataError(f"{record_path} records sha256 {record['sha256']}, not the expected "
+                            f"{expect} ({_expect_source(expect_sha256)}); the record and its file "
+                            "are not this file: move them away and fetch again")
     if record is not None and os.path.lexists(final):
         readers.check_regular(final)
         bad = _verify(final, record["size"], record["sha256"])
@@ -116,10 +179,19 @@ def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIO
             raise DataError(f"{final}: {bad} (its record {record_path.name}, commit "
                             f"{record['commit'][:12]}); it is not replaced: move it away and run "
                             "this again to download a good copy")
-        say(f"{final}: verified: {record['size']:,} bytes, sha256 {record['sha256'][:16]}…, "
-            f"{repo} at {record['commit'][:12]} (no download)")
+        what = (f"sha256 {record['sha256']}, the expected digest ({_expect_source(expect_sha256)})"
+                if expect is not None else
+                f"sha256 {record['sha256'][:16]}…; the record names {repo} at commit "
+                f"{record['commit'][:12]} but cannot prove it (whoever wrote the file can write "
+                "its record): pass --sha256 with a digest you trust to check the file itself")
+        say(f"{final}: matches its record {record_path.name}: {record['size']:,} bytes, {what} "
+            "(no download)")
         return final
     hub = _hub_record(repo, filename, revision, endpoint, limits)
+    if expect is not None and hub["sha256"] != expect:
+        raise DataError(f"the hub's record of {repo}/{filename} at {revision} gives sha256 "
+                        f"{hub['sha256']} (commit {hub['commit'][:12]}), not the expected {expect} "
+                        f"({_expect_source(expect_sha256)}); refused, nothing downloaded")
     if record is not None and (record["commit"], record["size"], record["sha256"]) != (
             hub["commit"], hub["size"], hub["sha256"]):
         raise DataError(f"{repo} revision {revision} now resolves to commit {hub['commit']} "

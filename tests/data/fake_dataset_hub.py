@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,7 +39,7 @@ class FakeDatasetHub:
         self.self_redirect: str | None = None
         self.linked_size: str | None = None
         self.requests: list[tuple[str, str, str | None]] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
                                         daemon=True)
@@ -60,6 +61,12 @@ class FakeDatasetHub:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # a client that hung up: expected here
+            super().handle_error(request, client_address)
 
 
 def _handler(hub: FakeDatasetHub):
