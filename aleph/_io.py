@@ -157,6 +157,29 @@ def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
     return fd
 
 
+def open_write_nofollow(path: str | os.PathLike, *, append: bool = False,
+                        truncate: bool = False, mode: int = 0o666) -> int:
+    """A read-write fd of the regular file `path`, created if missing (`mode` less the
+    umask): never through a symbolic link (O_NOFOLLOW), never blocking on a FIFO
+    (O_NONBLOCK), refused unless fstat says it is a regular file (`not_regular`'s OSError);
+    appending when `append`, emptied when `truncate`, which happens only after the check."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | (os.O_APPEND if append else 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise not_regular(path, stat.S_IFLNK) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise not_regular(path, st.st_mode)
+    if truncate:
+        os.ftruncate(fd, 0)
+    os.set_blocking(fd, True)
+    return fd
+
+
 def read_bounded(path: str | os.PathLike, limit: int, *, follow: bool = True) -> bytes:
     """The bytes of a regular file of at most `limit` bytes (OSError EFBIG beyond it); never
     reads more than limit + 1 bytes, whatever the file claims."""

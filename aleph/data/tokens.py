@@ -30,6 +30,7 @@ from aleph._io import (
     check_free_space,
     disk_full_message,
     fsync_dir,
+    open_write_nofollow,
     read_json,
     sha256_file,
     sha256_json,
@@ -281,7 +282,7 @@ class _NpyWriter:
             "fortran_order": False, "shape": tuple(shape)})  # the header np.save writes
         head = header.getvalue()
         self.size = len(head) + int(np.prod(shape, dtype=np.int64)) * 4
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)  # less the umask
+        self.fd = open_write_nofollow(path, truncate=True)  # 0o666 less the umask
         try:
             os.posix_fallocate(self.fd, 0, self.size)
         except OSError as e:
