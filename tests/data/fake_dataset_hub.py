@@ -12,7 +12,8 @@ Hostile servers: `extra` (GETs send that many bytes more than the file, with no
 Content-Length, closing the connection), `encoded` (GETs send these bytes with
 `Content-Encoding: gzip`, whatever was asked), `trickle` (GETs send one byte every that
 many seconds), `self_redirect` (requests of that method get a relative 302 to their own
-path) and `linked_size` (the X-Linked-Size header's text).
+path), `linked_size` (the X-Linked-Size header's text) and `redirect_gets` (GETs get a 302
+to this origin, the same path). `auth_seen` logs each request's Authorization header.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class FakeDatasetHub:
         self.extra, self.encoded, self.trickle = 0, b"", 0.0
         self.self_redirect: str | None = None
         self.linked_size: str | None = None
+        self.redirect_gets: str | None = None
+        self.auth_seen: list[str | None] = []
         self.requests: list[tuple[str, str, str | None]] = []
         self.server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -88,6 +91,13 @@ def _handler(hub: FakeDatasetHub):
         def _serve(self, get: bool) -> None:
             path = urlsplit(self.path).path
             hub.requests.append((self.command, path, self.headers.get("range")))
+            hub.auth_seen.append(self.headers.get("authorization"))
+            if get and hub.redirect_gets:
+                self.send_response(302)
+                self.send_header("Location", hub.redirect_gets + path)  # another origin
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if hub.self_redirect == self.command:
                 self.send_response(302)
                 self.send_header("Location", path)  # relative: to itself

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from aleph.data.fetch import CAPTIONS_FILE
-from tests.data.test_fetch import _payload
+from aleph.data.fetch import CAPTIONS_FILE, CAPTIONS_REPO
+from tests.data.test_fetch import COMMIT, _payload
 
 SIZE = len(_payload())
 PART = f"{CAPTIONS_FILE}.{hashlib.sha256(_payload()).hexdigest()[:16]}.part"
@@ -159,3 +159,20 @@ def test_a_negative_size_is_named(hub, tmp_path):
 def test_bad_limit_values_are_one_line(hub, tmp_path):
     r, _, _ = fetch(hub, tmp_path / "e1", tmp_path, min_rate="fast")
     assert "ALEPH_FETCH_MIN_RATE='fast': expected a number > 0" in _one_line(r)
+
+
+def test_the_token_goes_to_its_own_origin_only(hub, tmp_path, monkeypatch):
+    """Kept from the first round, now that redirects are followed here: a GET redirected to
+    another origin (a CDN, or a server someone else runs) does not carry HF_TOKEN."""
+    from aleph.data.fetch import fetch_captions
+    from tests.data.fake_dataset_hub import FakeDatasetHub
+
+    hub.token = "hf_secret_token"
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    with FakeDatasetHub() as cdn:
+        cdn.add(CAPTIONS_REPO, COMMIT, {CAPTIONS_FILE: _payload()})
+        hub.redirect_gets = cdn.endpoint
+        path = fetch_captions(tmp_path / "e1", endpoint=hub.endpoint)
+        assert path.read_bytes() == _payload()
+        assert cdn.requests and set(cdn.auth_seen) == {None}
+    assert hub.auth_seen and set(hub.auth_seen) == {"Bearer hf_secret_token"}
