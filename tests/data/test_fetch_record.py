@@ -85,12 +85,13 @@ def _record(path, text: str | bytes):
     ('{"repo": "r"}'.encode("utf-16"), "not UTF-8 text"),
 ])
 def test_a_malformed_record_is_one_line(tmp_path, content, message):
-    from aleph.data.fetch import read_record
-
-    path = tmp_path / "r.fetch.json"
+    dest = tmp_path / "e1"
+    dest.mkdir()
+    path = dest / f"{CAPTIONS_FILE}.fetch.json"
     _record(path, content)
-    with pytest.raises(DataError, match=rf"fetch record {path}: .*{message}"):
-        read_record(path)
+    with pytest.raises(DataError, match=rf"fetch record {path}: .*{message}") as e:
+        fetch_captions(dest, endpoint=OFFLINE)
+    assert "\n" not in str(e.value)
 
 
 def test_a_400_mb_record_is_refused_reading_64_kib(hub, tmp_path):
