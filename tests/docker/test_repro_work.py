@@ -191,3 +191,17 @@ def test_syft_never_writes_through_a_planted_tmp_link(rc, tools, tmp_path):
     assert victim.read_bytes() == b"root's own file\n"
     assert sorted(p.name for p in out.iterdir()) == [f".{final}.tmp", final]  # link untouched
     assert sorted(p.name for p in oci.parent.iterdir()) == ["oci"]  # its view removed
+
+
+def test_a_store_that_is_a_link_is_refused(rc, tools, tmp_path, capsys):
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    (work).mkdir()
+    (work / MARKER).write_text("marked by an earlier run\n")
+    elsewhere.mkdir()
+    (work / "b").symlink_to(elsewhere)  # the second store: root's buildah would write there
+    code, err = gate(rc, work, capsys)
+    print(err.strip())
+    assert code == 2 and err.count("\n") == 1
+    assert f"{work / 'b'} is a symbolic link; expected a build store directory" in err
+    assert list(elsewhere.iterdir()) == [] and (work / "b").is_symlink()
+    assert sorted(p.name for p in work.iterdir()) == [MARKER, "b"]  # this run's a/ removed
