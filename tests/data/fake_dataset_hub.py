@@ -13,7 +13,8 @@ Content-Length, closing the connection), `encoded` (GETs send these bytes with
 `Content-Encoding: gzip`, whatever was asked), `trickle` (GETs send one byte every that
 many seconds), `self_redirect` (requests of that method get a relative 302 to their own
 path), `linked_size` (the X-Linked-Size header's text) and `redirect_gets` (GETs get a 302
-to this origin, the same path). `auth_seen` logs each request's Authorization header.
+to this origin, the same path). `auth_seen` logs each request's Authorization header and
+`times` its arrival (time.time()).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class FakeDatasetHub:
         self.linked_size: str | None = None
         self.redirect_gets: str | None = None
         self.auth_seen: list[str | None] = []
+        self.times: list[float] = []
         self.requests: list[tuple[str, str, str | None]] = []
         self.server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -92,6 +94,7 @@ def _handler(hub: FakeDatasetHub):
             path = urlsplit(self.path).path
             hub.requests.append((self.command, path, self.headers.get("range")))
             hub.auth_seen.append(self.headers.get("authorization"))
+            hub.times.append(time.time())
             if get and hub.redirect_gets:
                 self.send_response(302)
                 self.send_header("Location", hub.redirect_gets + path)  # another origin
