@@ -104,3 +104,17 @@ def test_a_bundle_of_another_revision_or_damaged_is_refused(work, hub, capsys):
         tasks.load_task("sts12")
     assert main(["data", "fetch", "--tasks", "smoke"]) == 2
     assert "not hub tasks" in capsys.readouterr().err
+
+
+def test_a_hostile_manifest_is_one_line(tmp_path):
+    """A bundle copied from elsewhere (issue 32): nested 100k deep or a link, one line."""
+    from aleph.data.bundle import MANIFEST, read_manifest
+
+    (tmp_path / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match=r"bundle.json: invalid JSON \(JSON nested too deeply"):
+        read_manifest(tmp_path)
+    (tmp_path / MANIFEST).unlink()
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (tmp_path / MANIFEST).symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(DataError, match=r"bundle.json: not a regular file \(a symbolic link\)"):
+        read_manifest(tmp_path)
