@@ -138,7 +138,7 @@ def _hub_record(repo: str, filename: str, revision: str, endpoint: str | None,
     except DataError:
         raise
     except Exception as e:  # offline, unknown repo/revision, 401: huggingface_hub raises many types
-        first = (str(e).splitlines() or [""])[0]
+        first = (str(e).splitlines() or [""])[0][:300]  # may quote the server: bounded
         raise DataError(f"cannot read {what} ({type(e).__name__}: {first}); needs network "
                         "access to the hub (and HF_TOKEN if the repo is gated), or a copied file "
                         "and its record") from None
@@ -153,7 +153,7 @@ def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIO
                    endpoint: str | None = None, repo: str = CAPTIONS_REPO,
                    filename: str = CAPTIONS_FILE, say=lambda line: None,
                    limits: FetchLimits | None = None, expect_sha256: str | None = None) -> Path:
-    """The verified caption file under `dest` (default <work>/data/e1), downloaded if
+    """The caption file under `dest` (default <work>/data/e1), checked, downloaded if
     needed (see the module docstring); returns its path. `expect_sha256` (else
     CAPTIONS_SHA256 for E1's own file) is the digest the file must have, whatever its
     record or the server says."""
@@ -254,7 +254,7 @@ def _download(dest: Path, final: Path, entry: dict, endpoint: str | None, say,
         except DataError:
             raise
         except Exception as e:  # network, HTTP errors: huggingface_hub and httpx raise many types
-            error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+            error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
             if attempt + 1 < limits.attempts and time.monotonic() + 1.0 < deadline:
                 time.sleep(1.0)
     have = fetch_http.partial_size(part)

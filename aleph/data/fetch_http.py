@@ -9,7 +9,8 @@ with any other Content-Encoding and reads the raw body, so nothing is ever decod
 file; it writes at most the bytes still missing of the announced size and refuses the
 response once one byte more arrives. One deadline covers the whole download (every attempt,
 every read), and a transfer slower than `min_rate` over a `rate_window_s` is cut (and
-resumed by the next attempt, `attempts` in all). The partial file is opened with
+resumed by the next attempt, `attempts` in all); an alarm (`hard_deadline`) also ends a
+request whose response headers trickle in byte by byte. Redirects must stay http(s). The partial file is opened with
 O_NOFOLLOW and O_NONBLOCK and checked with fstat: a symlink, a FIFO or anything but a
 regular file is refused in one line before a byte is written, and never removed.
 """
@@ -20,9 +21,11 @@ import errno
 import math
 import os
 import re
+import signal
 import stat
+import threading
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
@@ -84,6 +87,28 @@ class TransferCut(Exception):
     """A transfer that stopped early and may be resumed (network error, too slow)."""
 
 
+@contextmanager
+def hard_deadline(deadline: float, what: str):
+    """A DataError naming `what` at `deadline` (time.monotonic()), whatever the code inside
+    is waiting on: per-read timeouts cannot bound a server that trickles its response
+    headers byte by byte. SIGALRM in the main thread; elsewhere the per-read bounds only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum, frame):
+        raise DataError(f"{what}: no answer within its deadline; refused (limits: "
+                        f"{ENV_PREFIX}HEAD_TIMEOUT_S, {ENV_PREFIX}DEADLINE_S)")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def _origin(url: str) -> tuple[str, str]:
     u = urlsplit(url)
     return u.scheme, u.netloc
@@ -109,6 +134,10 @@ def send(method: str, url: str, headers: dict, limits: FetchLimits, deadline: fl
         if location is None:
             return r
         target = urljoin(url, location)
+        if urlsplit(target).scheme not in ("http", "https"):
+            r.close()
+            raise DataError(f"{method} {urlsplit(url).path}: redirect to {location[:200]!r}; "
+                            "expected an http(s) URL")
         if same_origin_only and _origin(target) != _origin(url):
             return r
         r.close()
@@ -144,7 +173,8 @@ def file_record(url: str, what: str, limits: FetchLimits) -> dict:
 
     headers = hub_headers()
     deadline = time.monotonic() + limits.head_timeout_s
-    with closing(send("HEAD", url, headers, limits, deadline, same_origin_only=True)) as r:
+    with hard_deadline(deadline + 1.0, what), \
+            closing(send("HEAD", url, headers, limits, deadline, same_origin_only=True)) as r:
         hf_raise_for_status(r)
         h = r.headers
     commit = h.get("x-repo-commit") or ""
@@ -206,7 +236,8 @@ def get_into(url: str, part: Path, have: int, size: int, limits: FetchLimits,
     headers = hub_headers()
     if have:
         headers["Range"] = f"bytes={have}-"
-    with closing(send("GET", url, headers, limits, deadline, same_origin_only=False)) as r:
+    with hard_deadline(deadline + limits.rate_window_s, f"GET {urlsplit(url).path}"), \
+            closing(send("GET", url, headers, limits, deadline, same_origin_only=False)) as r:
         hf_raise_for_status(r)
         encoding = r.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):

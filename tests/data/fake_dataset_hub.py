@@ -14,7 +14,8 @@ Content-Length, closing the connection), `encoded` (GETs send these bytes with
 many seconds), `self_redirect` (requests of that method get a relative 302 to their own
 path), `linked_size` (the X-Linked-Size header's text) and `redirect_gets` (GETs get a 302
 to this origin, the same path). `auth_seen` logs each request's Authorization header and
-`times` its arrival (time.time()).
+`times` its arrival (time.time()). `trickle_head`: HEADs get their status line, then a
+header one byte every that many seconds, never ending.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class FakeDatasetHub:
         self.redirect_gets: str | None = None
         self.auth_seen: list[str | None] = []
         self.times: list[float] = []
+        self.trickle_head = 0.0
         self.requests: list[tuple[str, str, str | None]] = []
         self.server = _QuietServer(("127.0.0.1", 0), _handler(self))
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -95,6 +97,16 @@ def _handler(hub: FakeDatasetHub):
             hub.requests.append((self.command, path, self.headers.get("range")))
             hub.auth_seen.append(self.headers.get("authorization"))
             hub.times.append(time.time())
+            if hub.trickle_head and not get:
+                try:
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                    while True:
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                        time.sleep(hub.trickle_head)
+                except OSError:  # the client hung up
+                    self.close_connection = True
+                    return
             if get and hub.redirect_gets:
                 self.send_response(302)
                 self.send_header("Location", hub.redirect_gets + path)  # another origin

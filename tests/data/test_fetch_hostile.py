@@ -145,6 +145,17 @@ def test_a_trickling_server_is_cut_below_the_minimum_rate(hub, tmp_path):
     assert io["transfer_s"] < 2 * 1 + 1 + 3  # two windows, a pause, slack
 
 
+def test_headers_trickled_byte_by_byte_are_cut_at_the_deadline(hub, tmp_path):
+    hub.trickle_head = 1.0  # each read returns within its timeout; the headers never end
+    io: dict = {}
+    r, _, _ = fetch(hub, tmp_path / "e1", tmp_path, timeout=60, io=io, head_timeout_s=2)
+    line = _one_line(r)
+    heads = [t for t, (m, _, _) in zip(hub.times, hub.requests, strict=True) if m == "HEAD"]
+    took = io["end"] - heads[0]
+    print(line, f"(HEAD to exit: {took:.1f} s)")
+    assert "no answer within its deadline" in line and took < 2 + 1 + 3
+
+
 @pytest.mark.parametrize("method", ["HEAD", "GET"])
 def test_a_redirect_loop_sends_at_most_the_limit(hub, tmp_path, method):
     hub.self_redirect = method  # a relative 302 to the same path, forever
