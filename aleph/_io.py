@@ -217,11 +217,12 @@ def load_yaml(text: str) -> Any:
 
 
 def parse_json_bytes(data: bytes) -> Any:
-    """The JSON value of `data`, which must be UTF-8 (json.loads would also take UTF-16 and
-    UTF-32 bytes). ValueError, one line, for other text, invalid JSON, or nesting deeper than
-    the parser's recursion limit (a RecursionError otherwise)."""
+    """The JSON value of `data`, which must be UTF-8, a leading byte order mark allowed (as
+    json.loads allows it; it would also take UTF-16 and UTF-32 bytes). ValueError, one line,
+    for other text, invalid JSON, or nesting deeper than the parser's recursion limit (a
+    RecursionError otherwise)."""
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         hint = " (NUL bytes: UTF-16 or UTF-32?)" if b"\0" in data[:4096] else ""
         raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start}){hint}") from None

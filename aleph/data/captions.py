@@ -285,7 +285,8 @@ class CaptionSource:
                 raise DataError(f"{self.path}: expected a JSON list of objects with a "
                                 f"{self.column!r} field")
             self._json = [_field(obj, self.column, f"{self.path}[{i}]") for i, obj in enumerate(data)]
-            readers.check_unicode(self._json, str(self.path))
+            if readers.SURROGATE_ESCAPE.search(raw):  # rare: only then is every string checked
+                readers.check_unicode(self._json, str(self.path))
         return self._json
 
     # --- Arrow: parquet and hub datasets ----------------------------------------------------

@@ -165,7 +165,7 @@ def shard_files(directory: str | os.PathLike) -> list[Path]:
     return out
 
 
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \\uD800-\\uDFFF escape may leave half a pair
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape: maybe half a pair
 
 
 def check_unicode(value: object, where: str) -> None:
@@ -187,7 +187,7 @@ def parse_json_line(raw: bytes, where: str) -> object:
         hint = " (NUL bytes: UTF-16 or UTF-32 text?)" if b"\0" in raw and "UTF" not in str(e) else ""
         raise DataError(f"{where}: {_json_why(e)}{hint}; expected one UTF-8 JSON record per "
                         "line") from None
-    if _SURROGATE.search(raw):  # rare: only then is every string checked
+    if SURROGATE_ESCAPE.search(raw):  # rare: only then is every string checked
         check_unicode(obj, where)
     return obj
 

@@ -121,6 +121,9 @@ def test_utf16_text_is_refused(tmp_path):
             with pytest.raises(DataError, match=rf"{p.name}:1: .*(UTF-16|not UTF-8)") as e:
                 list(open_captions(p))
             print(e.value)
+    bom = tmp_path / "bom.jsonl"  # a UTF-8 byte order mark, as json.loads takes it: kept
+    bom.write_bytes(b"\xef\xbb\xbf" + b'{"caption": "a"}\n{"caption": "b"}\n')
+    assert list(open_captions(bom)) == ["a", "b"]
 
 
 def test_nested_json_is_one_line(tmp_path):
