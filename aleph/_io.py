@@ -233,10 +233,23 @@ def parse_json_bytes(data: bytes) -> Any:
 
 
 def read_json_bounded(path: str | os.PathLike, limit: int, *, follow: bool = False) -> Any:
-    """The JSON value of a regular file of at most `limit` bytes (`read_bounded`: no link
-    followed unless `follow`, nothing but a regular file, never more than limit + 1 bytes
-    read), parsed by `parse_json_bytes`. OSError or ValueError, each one line."""
-    return parse_json_bytes(read_bounded(path, limit, follow=follow))
+    """The JSON value of a regular file of at most `limit` bytes (`read_chunked`), parsed by
+    `parse_json_bytes`. OSError or ValueError, each one line."""
+    return parse_json_bytes(read_chunked(path, limit, follow=follow))
+
+
+def read_chunked(path: str | os.PathLike, limit: int, *, follow: bool = False) -> bytes:
+    """`read_bounded`'s bytes (a regular file, no link followed unless `follow`, OSError
+    EFBIG past `limit`, never more than limit + 1 bytes read), read 64 KiB at a time: a
+    generous limit costs nothing (one read of limit + 1 would allocate that much first)."""
+    chunks, size = [], 0
+    with os.fdopen(open_regular(path, follow=follow), "rb", buffering=0) as f:
+        while size <= limit and (block := f.read(min(1 << 16, limit + 1 - size))):
+            chunks.append(block)
+            size += len(block)
+    if size > limit:
+        raise OSError(errno.EFBIG, f"larger than the {limit:,} B this input may have", str(path))
+    return b"".join(chunks)
 
 
 def read_json(path: str | os.PathLike) -> Any:

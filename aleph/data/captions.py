@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from aleph._io import parse_json_bytes, work_root
+from aleph._io import parse_json_bytes, read_chunked, work_root
 from aleph.data import readers
 from aleph.errors import DataError
 
@@ -271,11 +271,11 @@ class CaptionSource:
     def _json_list(self) -> list[str]:
         """A .json caption file: one list of objects, at most MAX_JSON_BYTES, parsed whole."""
         if self._json is None:
-            with readers.open_regular(self.path) as f:
-                raw = f.read(MAX_JSON_BYTES + 1)
-            if len(raw) > MAX_JSON_BYTES:
-                raise DataError(f"{self.path}: larger than {MAX_JSON_BYTES:,} bytes, the bound "
-                                "of a .json caption list (parsed whole); use .jsonl or parquet")
+            try:  # a regular file, read by blocks up to the bound
+                raw = read_chunked(self.path, MAX_JSON_BYTES, follow=True)
+            except OSError as e:
+                raise DataError(f"{self.path}: {e.strerror}; a .json caption list is parsed whole"
+                                f" (at most {MAX_JSON_BYTES:,} bytes): use .jsonl or parquet") from None
             try:
                 data = parse_json_bytes(raw)
             except ValueError as e:

@@ -168,5 +168,5 @@ def test_an_oversized_json_list_is_refused_before_parsing(tmp_path, monkeypatch)
     monkeypatch.setattr(captions, "MAX_JSON_BYTES", 1000)
     p = tmp_path / "big.json"
     p.write_text(json.dumps([{"caption": "x" * 100}] * 20))
-    with pytest.raises(DataError, match=r"big.json: larger than 1,000 bytes"):
+    with pytest.raises(DataError, match=r"big.json: larger than the 1,000 B this input may have"):
         list(open_captions(p))
