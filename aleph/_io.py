@@ -157,6 +157,29 @@ def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
     return fd
 
 
+def open_write_nofollow(path: str | os.PathLike, *, append: bool = False,
+                        truncate: bool = False, mode: int = 0o666) -> int:
+    """A read-write fd of the regular file `path`, created if missing (`mode` less the
+    umask): never through a symbolic link (O_NOFOLLOW), never blocking on a FIFO
+    (O_NONBLOCK), refused unless fstat says it is a regular file (`not_regular`'s OSError);
+    appending when `append`, emptied when `truncate`, which happens only after the check."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | (os.O_APPEND if append else 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise not_regular(path, stat.S_IFLNK) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise not_regular(path, st.st_mode)
+    if truncate:
+        os.ftruncate(fd, 0)
+    os.set_blocking(fd, True)
+    return fd
+
+
 def read_bounded(path: str | os.PathLike, limit: int, *, follow: bool = True) -> bytes:
     """The bytes of a regular file of at most `limit` bytes (OSError EFBIG beyond it); never
     reads more than limit + 1 bytes, whatever the file claims."""
@@ -193,25 +216,45 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+def parse_json_bytes(data: bytes) -> Any:
+    """The JSON value of `data`, which must be UTF-8, a leading byte order mark allowed (as
+    json.loads allows it; it would also take UTF-16 and UTF-32 bytes). ValueError, one line,
+    for other text, invalid JSON, or nesting deeper than the parser's recursion limit (a
+    RecursionError otherwise)."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        hint = " (NUL bytes: UTF-16 or UTF-32?)" if b"\0" in data[:4096] else ""
+        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start}){hint}") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse; expected a shallow document") from None
 
 
 def read_json_bounded(path: str | os.PathLike, limit: int, *, follow: bool = False) -> Any:
-    """The JSON value of a regular file of at most `limit` bytes (`read_bounded`, links
-    refused unless follow=True). OSError when it cannot be read as such; ValueError, its
-    message one line, for text that is not UTF-8 JSON or nests too deep for the parser (a
-    100k-deep `[[[...` is a RecursionError inside json, reported as a ValueError here)."""
-    data = read_bounded(path, limit, follow=follow)
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except RecursionError:
-        raise ValueError("JSON nested too deep to parse") from None
+    """The JSON value of a regular file of at most `limit` bytes (`read_chunked`), parsed by
+    `parse_json_bytes`. OSError or ValueError, each one line."""
+    return parse_json_bytes(read_chunked(path, limit, follow=follow))
+
+
+def read_chunked(path: str | os.PathLike, limit: int, *, follow: bool = False) -> bytes:
+    """`read_bounded`'s bytes (a regular file, no link followed unless `follow`, OSError
+    EFBIG past `limit`, never more than limit + 1 bytes read), read 64 KiB at a time: a
+    generous limit costs nothing (one read of limit + 1 would allocate that much first)."""
+    chunks, size = [], 0
+    with os.fdopen(open_regular(path, follow=follow), "rb", buffering=0) as f:
+        while size <= limit and (block := f.read(min(1 << 16, limit + 1 - size))):
+            chunks.append(block)
+            size += len(block)
+    if size > limit:
+        raise OSError(errno.EFBIG, f"larger than the {limit:,} B this input may have", str(path))
+    return b"".join(chunks)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:

@@ -18,8 +18,11 @@ Both builds read one snapshot of the build context: the committed tree of --revi
 Exit 0: the two manifest digests are equal (both printed); with --sbom, syft writes an SPDX
 SBOM from the OCI layout, named by that digest. Exit 1: they differ; the first differing
 paths of the first differing layer are printed, then diffoscope's report on those layers.
-Exit 2: bad usage or a missing tool, one line. --keep leaves the stores in --work, so a later
-run with the same --work reuses each store's own cached layers (the sabotage test does).
+Exit 2: bad usage, a missing tool or a --work the gate will not use, one line. --work must be
+missing, empty or marked by an earlier run (docker/repro_work.py); each run copies its inputs
+into a new layout of its own and removes only what it created. --keep leaves the stores and
+the OCI layout in --work, so a later run with the same --work reuses each store's own cached
+layers (the sabotage test does).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -47,6 +51,16 @@ from repro_sbom import (  # noqa: E402
     sbom_image_digests,
     sbom_python_packages,
     sbom_vs_pins,
+)
+from repro_work import (  # noqa: E402
+    WorkDir,
+    WorkError,
+    log_tail,
+    open_log,
+    real_dir,
+    remove_marked_work,  # noqa: F401 (the container tier's teardown)
+    remove_store,
+    store_args,
 )
 
 DOCKERFILE = REPO / "docker" / "Dockerfile.cpu"
@@ -68,10 +82,13 @@ def run(args: list[str], log: Path | None = None, env: dict | None = None,
     if log is None:
         p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
         out = p.stdout + p.stderr
-    else:
-        with open(log, "ab") as f:
-            p = subprocess.run(args, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout)
-        out = log.read_text(errors="replace")[-3000:] if p.returncode else ""
+    else:  # appended through our own fd: a link or FIFO planted at the log is refused
+        fd = open_log(log)
+        try:
+            p = subprocess.run(args, stdout=fd, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+            out = log_tail(fd) if p.returncode else ""
+        finally:
+            os.close(fd)
     if p.returncode != 0:
         where = f" (log {log})" if log else ""
         raise GateError(f"{' '.join(args[:2])} exited {p.returncode}{where}:\n{out[-3000:]}")
@@ -198,8 +215,7 @@ class Build:
 
     @property
     def storage(self) -> list[str]:
-        return ["--root", str(self.dir / "root"), "--runroot", str(self.dir / "run"),
-                "--storage-driver", "overlay"]
+        return store_args(self.dir)
 
     def ref(self, name: str) -> str:
         return f"containers-storage:[overlay@{self.dir / 'root'}+{self.dir / 'run'}]{name}"
@@ -209,20 +225,14 @@ class Build:
         return self.dir / "build.log"
 
 
-def has_image(b: Build, name: str) -> bool:
-    p = subprocess.run(["buildah", *b.storage, "inspect", "--type", "image", name],
-                       capture_output=True, timeout=300)
-    return p.returncode == 0
-
-
 def build_once(b: Build, inputs: Path, oci: Path, args: argparse.Namespace, sde: int) -> str:
-    """Seed the store with the inputs (once), build, push into the shared layout
+    """Seed the store with this run's inputs (every run: a kept store's older copy is
+    replaced, never built on), build, push into the shared layout
     `oci` tagged by the build's name; the manifest digest. The layout stores a blob once per
     digest: equal layers take the disk once, differing ones are both there to compare."""
-    (b.dir / "tmp").mkdir(parents=True, exist_ok=True)
+    real_dir(b.dir / "tmp")
     for tag, name in (("base", BASE_NAME), ("wheels", WHEELS_NAME)):
-        if not has_image(b, name):
-            run(["skopeo", "copy", "--quiet", f"oci:{inputs}:{tag}", b.ref(name)], log=b.log)
+        run(["skopeo", "copy", "--quiet", f"oci:{inputs}:{tag}", b.ref(name)], log=b.log)
     # --format oci: with --layers each history entry names its parent step's image id, and a
     # docker-format id hashes the random build container's id in (seen: every layer equal,
     # the manifests not). OCI ids are content digests. buildah then ignores SHELL and runs
@@ -249,11 +259,10 @@ def build_once(b: Build, inputs: Path, oci: Path, args: argparse.Namespace, sde:
     return digest
 
 
-def snapshot_context(work: Path, rev: str) -> Path:
-    """The committed tree of `rev` as the build context (git archive; files 0644/0755)."""
-    ctx = work / "context"
-    shutil.rmtree(ctx, ignore_errors=True)
-    ctx.mkdir(parents=True)
+def snapshot_context(ctx: Path, rev: str) -> Path:
+    """The committed tree of `rev` as the build context in the new, empty directory `ctx`
+    (git archive; files 0644/0755; the directory 0755, as a plain mkdir made it)."""
+    os.chmod(ctx, 0o755)  # mkdtemp's 0700 would be the one mode that differs
     archive = subprocess.Popen(["git", "-C", str(REPO), "-c", "tar.umask=0022", "archive",
                                 "--format=tar", rev], stdout=subprocess.PIPE)
     untar = subprocess.run(["tar", "-x", "-C", str(ctx)], stdin=archive.stdout,
@@ -264,18 +273,18 @@ def snapshot_context(work: Path, rev: str) -> Path:
     return ctx
 
 
-def stage_inputs(work: Path, base: str, wheels: str) -> Path:
-    """Copy base and wheels once into one OCI layout both builds read; print their digests.
-    A layout kept by an earlier run in the same --work is reused as it is."""
-    inputs = work / "inputs"
+def stage_inputs(work: WorkDir, base: str, wheels: str) -> Path:
+    """Copy base and wheels into a new OCI layout of this run, which both builds read; print
+    their digests. A layout already in --work is never used (its base image would supply
+    the binaries the RUN steps execute as root)."""
+    inputs = work.fresh("inputs")
 
     def tags() -> dict[str, str]:
         return {m.get("annotations", {}).get("org.opencontainers.image.ref.name"): m["digest"]
                 for m in read_json(inputs / "index.json")["manifests"]}
 
-    if not ((inputs / "index.json").is_file() and {"base", "wheels"} <= tags().keys()):
-        for tag, ref in (("base", base), ("wheels", wheels)):
-            run(["skopeo", "copy", "--quiet", ref, f"oci:{inputs}:{tag}"])
+    for tag, ref in (("base", base), ("wheels", wheels)):
+        run(["skopeo", "copy", "--quiet", ref, f"oci:{inputs}:{tag}"])
     for tag, digest in sorted(tags().items()):
         print(f"repro-check: input {tag}: {digest}", flush=True)
     return inputs
@@ -299,9 +308,9 @@ def ensure_syft(venv: Path) -> Path:
 
 
 def one_manifest_view(oci: Path, digest: str) -> Path:
-    """A layout holding only `digest` (syft reads one image per layout), its blobs hard links."""
-    view = oci.parent / "sbom-view"
-    shutil.rmtree(view, ignore_errors=True)
+    """A new layout beside `oci` holding only `digest` (syft reads one image per layout), its
+    blobs hard links; the caller removes it."""
+    view = Path(tempfile.mkdtemp(prefix="sbom-view-", dir=oci.parent))
     (view / "blobs" / "sha256").mkdir(parents=True)
     (entry,) = {m["digest"]: m for m in read_json(oci / "index.json")["manifests"]
                 if m["digest"] == digest}.values()
@@ -314,20 +323,31 @@ def one_manifest_view(oci: Path, digest: str) -> Path:
 
 
 def write_sbom(syft: Path, oci: Path, digest: str, out_dir: Path) -> Path:
-    """SPDX JSON of the OCI layout, written atomically as sbom-sha256-<hex>.spdx.json."""
+    """SPDX JSON of the OCI layout, written atomically as sbom-sha256-<hex>.spdx.json: syft
+    writes into a new private directory of this run (mkdtemp, 0700) in `out_dir`, so nothing
+    planted in `out_dir` is written through; then fsync, rename, the directory removed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / f"sbom-{digest.replace(':', '-')}.spdx.json"
-    tmp = out_dir / f".{final.name}.tmp"
-    view = one_manifest_view(oci, digest)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".sbom-", dir=out_dir))
+    tmp = tmp_dir / final.name
     env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"}
     try:
-        run([str(syft), "scan", "--quiet", "--source-name", "aleph-e1-cpu", f"oci-dir:{view}",
-             "-o", f"spdx-json={tmp}"], env=env)
+        view = one_manifest_view(oci, digest)
+        try:
+            run([str(syft), "scan", "--quiet", "--source-name", "aleph-e1-cpu",
+                 f"oci-dir:{view}", "-o", f"spdx-json={tmp}"], env=env)
+        finally:
+            shutil.rmtree(view, ignore_errors=True)
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise GateError(f"{tmp}: syft wrote no regular file")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
     finally:
-        shutil.rmtree(view, ignore_errors=True)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
     return final
 
 
@@ -364,20 +384,17 @@ def main(argv: list[str] | None = None) -> int:
         for tool in ("buildah", "skopeo"):
             if shutil.which(tool) is None:
                 raise GateError(f"{tool} not found: apt-get install buildah skopeo diffoscope-minimal")
-        made = args.work is None
-        work = args.work or Path(tempfile.mkdtemp(prefix="aleph-repro-", dir="/var/tmp"))
-        work.mkdir(parents=True, exist_ok=True)
+        work = WorkDir(args.work)
         inputs = stage_inputs(work, args.base, args.wheels)
         if args.context is None:  # the snapshot's own Dockerfile, locks and code
-            args.context = snapshot_context(work, args.revision)
+            args.context = snapshot_context(work.fresh("context"), args.revision)
             if args.dockerfile.is_relative_to(REPO):
                 args.dockerfile = args.context / args.dockerfile.relative_to(REPO)
         sde = source_date_epoch(args.dockerfile)
-        builds = [Build(work / "a"), Build(work / "b")]
+        builds = [Build(work.store("a")), Build(work.store("b"))]
         for b in builds:
-            b.dir.mkdir(exist_ok=True)
-            b.log.write_bytes(b"")
-        oci, digests = work / "oci", {}
+            os.close(open_log(b.log, truncate=True))
+        oci, digests = work.fresh("oci"), {}
         # One after the other: a build's store peaks at about three times the image (its
         # container, the commit's temp copy, the new layer); two at once would double that.
         for b in builds:
@@ -412,27 +429,13 @@ def main(argv: list[str] | None = None) -> int:
                 print("repro-check: SBOM: vendored inside pinned packages (not installed by "
                       f"pip): {', '.join(vendored)}", flush=True)
         return 0
-    except (GateError, SbomError) as e:
+    except (GateError, SbomError, WorkError) as e:
         print(f"repro-check: error: {e}", file=sys.stderr)
         return 2
     finally:
-        if "work" in locals() and not args.keep:
-            cleanup(work, made)
-
-
-def cleanup(work: Path, made: bool) -> None:
-    """Remove what this run wrote: both stores (buildah first, for its overlay mounts), the
-    OCI layouts and inputs; the work dir itself only if this run created it."""
-    for name in ("a", "b"):
-        b = Build(work / name)
-        if (b.dir / "root").exists():
-            for sub in (["rm", "--all"], ["rmi", "--all", "--force"]):
-                subprocess.run(["buildah", *b.storage, *sub], capture_output=True, timeout=600)
-        shutil.rmtree(b.dir, ignore_errors=True)
-    for name in ("inputs", "oci", "sbom-view", "context"):
-        shutil.rmtree(work / name, ignore_errors=True)
-    if made:
-        shutil.rmtree(work, ignore_errors=True)
+        if "work" in locals():  # --keep: the stores (for the next run) and the OCI layout
+            kept = (work.path / "a", work.path / "b", locals().get("oci")) if args.keep else ()
+            work.cleanup(remove_store, tuple(p for p in kept if p is not None))
 
 
 if __name__ == "__main__":

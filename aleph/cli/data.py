@@ -71,7 +71,7 @@ def _fetch(args) -> int:
     if args.captions:
         from aleph.data.fetch import fetch_captions
 
-        fetch_captions(args.out, revision=args.revision, say=print)
+        fetch_captions(args.out, revision=args.revision, say=print, expect_sha256=args.sha256)
         return 0
     from aleph.data import bundle
     from aleph.data.tokenizer import TOKENIZER_PINS, load_tokenizer, tokenizer_fingerprint
@@ -236,6 +236,10 @@ def register(subparsers) -> None:
     f.add_argument("--revision", default="1c24bdb",
                    help="captions revision (default 1c24bdb, resolved to the full commit id and "
                         "recorded at the first download)")
+    f.add_argument("--sha256", metavar="HEX",
+                   help="with --captions: the sha256 the caption file must have, from a source "
+                        "you trust; the file's own record cannot prove it (default: "
+                        "CAPTIONS_SHA256 in aleph/data/fetch.py, when set)")
     f.set_defaults(func=_fetch)
     q = sub.add_parser("sts", help="STS-style pairs from the smoke grammar, as JSON lines")
     q.add_argument("--n", type=int, default=1000, help="pairs to write (default 1000)")

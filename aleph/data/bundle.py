@@ -29,7 +29,7 @@ from typing import Any
 from aleph._io import (
     atomic_write_json,
     atomic_write_text,
-    read_json,
+    read_json_bounded,
     sha256_file,
     work_root,
 )
@@ -39,6 +39,7 @@ from aleph.errors import DataError
 FORMAT = "aleph-offline-bundle"
 VERSION = 1
 MANIFEST = "bundle.json"
+MANIFEST_MAX_BYTES = 16 << 20  # names, revisions and hashes of a few tokenizers and tasks
 
 
 def bundle_root() -> Path:
@@ -63,8 +64,10 @@ def read_manifest(root: Path | None = None) -> dict[str, Any] | None:
     path = root / MANIFEST
     if not path.is_file():
         return None
-    try:
-        man = read_json(path)
+    try:  # a bundle copied from elsewhere: a regular file, bounded size and depth
+        man = read_json_bounded(path, MANIFEST_MAX_BYTES, follow=False)
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror or e}; re-run `aleph data fetch`") from None
     except ValueError as e:
         raise DataError(f"{path}: invalid JSON ({e}); re-run `aleph data fetch`") from None
     if not isinstance(man, dict) or (man.get("format"), man.get("version")) != (FORMAT, VERSION):

@@ -26,13 +26,14 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from aleph._io import work_root
+from aleph._io import parse_json_bytes, read_chunked, work_root
 from aleph.data import readers
 from aleph.errors import DataError
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".gz")  # a path, not a dataset id
 BATCH_ROWS = 8192  # captions per batch read from a source
 _BLOCK = 1 << 20  # bytes read per block from a text file
+MAX_JSON_BYTES = 256 << 20  # a .json caption list is parsed whole: at most this much
 
 
 class CaptionsHasher:
@@ -192,7 +193,9 @@ class CaptionSource:
     def _text_blocks(self) -> Iterator[list[str]]:
         """Lines of a text file, a block at a time, split on \\n only (a caption may hold
         \\x1c, U+2028 and the other characters str.splitlines would also split on), a
-        trailing \\r dropped; the empty piece after a final newline is not a row."""
+        trailing \\r dropped; the empty piece after a final newline is not a row. A line
+        longer than `readers.MAX_LINE_BYTES` is refused once that many bytes are held (the
+        jsonl bound), so a file without newlines cannot take the memory."""
         line_no, carry = 1, b""
         with readers.Stream(self.path) as f:
             while True:
@@ -201,6 +204,9 @@ class CaptionSource:
                     break
                 data = carry + block
                 cut = data.rfind(b"\n") + 1
+                first = data.find(b"\n") if cut else len(data)
+                if first > readers.MAX_LINE_BYTES:  # the only line that can span blocks
+                    self._too_long(line_no)
                 if cut == 0:
                     carry = data
                     continue
@@ -210,7 +216,17 @@ class CaptionSource:
         if carry:
             yield self._decode_lines(carry, line_no)
 
+    def _too_long(self, line_no: int):
+        raise DataError(f"{self.path}:{line_no}: line longer than {readers.MAX_LINE_BYTES:,} "
+                        "bytes; expected one caption per line")
+
     def _decode_lines(self, data: bytes, first_line: int) -> list[str]:
+        """Text lines of `data` (UTF-8 only: a NUL byte, as UTF-16 text has, is refused)."""
+        nul = data.find(b"\0")
+        if nul >= 0:
+            line = first_line + data.count(b"\n", 0, nul)
+            raise DataError(f"{self.path}:{line}: a NUL byte; expected UTF-8 text, one caption "
+                            "per line (UTF-16 or binary data?)")
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -219,12 +235,20 @@ class CaptionSource:
         return [s.removesuffix("\r") for s in text.split("\n")]
 
     def _count_text(self) -> int:
-        n, last = 0, b""
+        """Newlines, plus an unterminated last line; the line bound of `_text_blocks` holds
+        here too, so a count stops within MAX_LINE_BYTES of a line too long."""
+        n, since = 0, 0  # since: bytes after the last newline so far
         with readers.Stream(self.path) as f:
             while block := f.read(_BLOCK):
+                first = block.find(b"\n")
+                if since + (first if first >= 0 else len(block)) > readers.MAX_LINE_BYTES:
+                    self._too_long(n + 1)
+                if first < 0:
+                    since += len(block)
+                    continue
                 n += block.count(b"\n")
-                last = block[-1:]
-        return n + (1 if last not in (b"", b"\n") else 0)
+                since = len(block) - block.rfind(b"\n") - 1
+        return n + (1 if since else 0)
 
     def _jsonl_lines(self) -> Iterator[str]:
         for n, obj in readers.jsonl_objects(self.path):
@@ -245,18 +269,24 @@ class CaptionSource:
         return n
 
     def _json_list(self) -> list[str]:
+        """A .json caption file: one list of objects, at most MAX_JSON_BYTES, parsed whole."""
         if self._json is None:
+            try:  # a regular file, read by blocks up to the bound
+                raw = read_chunked(self.path, MAX_JSON_BYTES, follow=True)
+            except OSError as e:
+                raise DataError(f"{self.path}: {e.strerror}; a .json caption list is parsed whole"
+                                f" (at most {MAX_JSON_BYTES:,} bytes): use .jsonl or parquet") from None
             try:
-                with readers.open_regular(self.path) as f:
-                    data = json.loads(f.read().decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise DataError(f"{self.path}: not UTF-8 text ({e})") from e
-            except json.JSONDecodeError as e:
-                raise DataError(f"{self.path}: invalid JSON ({e})") from e
+                data = parse_json_bytes(raw)
+            except ValueError as e:
+                why = f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
+                raise DataError(f"{self.path}: {why}") from None
             if not isinstance(data, list):
                 raise DataError(f"{self.path}: expected a JSON list of objects with a "
                                 f"{self.column!r} field")
             self._json = [_field(obj, self.column, f"{self.path}[{i}]") for i, obj in enumerate(data)]
+            if readers.SURROGATE_ESCAPE.search(raw):  # rare: only then is every string checked
+                readers.check_unicode(self._json, str(self.path))
         return self._json
 
     # --- Arrow: parquet and hub datasets ----------------------------------------------------

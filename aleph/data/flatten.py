@@ -143,8 +143,11 @@ class _Writer:
         self.flush()
         self.writer.add_key_value_metadata({META_KEY: json.dumps(meta, sort_keys=True)})
         self.writer.close()
-        with open(self.tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        fd = os.open(self.tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # our mkstemp file
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.chmod(self.tmp, file_mode())  # as open() would make it, not mkstemp's 0o600
         os.link(self.tmp, self.out)  # never replaces a file that appeared meanwhile
         os.unlink(self.tmp)

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from aleph._io import file_kind as file_kind_of_mode
+from aleph._io import parse_json_bytes
 from aleph.errors import DataError
 
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")  # what a shard directory may hold
@@ -164,16 +165,46 @@ def shard_files(directory: str | os.PathLike) -> list[Path]:
     return out
 
 
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape: maybe half a pair
+
+
+def check_unicode(value: object, where: str) -> None:
+    """A DataError naming `where` when a string in `value` holds a lone surrogate (JSON's
+    "\\ud800" escape parses to one; UTF-8 cannot encode it, so Arrow and the tokenizer fail)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where}: a lone surrogate (\\u{ord(e.object[e.start]):04x} without "
+                        "its pair) in a string; expected valid Unicode text") from None
+
+
+def parse_json_line(raw: bytes, where: str) -> object:
+    """The JSON value of one line of a .jsonl file, or a DataError naming `where`: text that
+    is not UTF-8 (UTF-16 included), invalid JSON, nesting too deep, a lone surrogate."""
+    try:
+        obj = parse_json_bytes(raw)
+    except ValueError as e:
+        hint = " (NUL bytes: UTF-16 or UTF-32 text?)" if b"\0" in raw and "UTF" not in str(e) else ""
+        raise DataError(f"{where}: {_json_why(e)}{hint}; expected one UTF-8 JSON record per "
+                        "line") from None
+    if SURROGATE_ESCAPE.search(raw):  # rare: only then is every string checked
+        check_unicode(obj, where)
+    return obj
+
+
+def _json_why(e: ValueError) -> str:
+    return f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
+
+
 def jsonl_objects(path: Path) -> Iterator[tuple[int, object]]:
-    """(line number, parsed JSON value) of each non-blank line of a .jsonl(.gz) file."""
+    """(line number, parsed JSON value) of each non-blank line of a .jsonl(.gz) file
+    (`parse_json_line`: UTF-8 only, bounded nesting, no lone surrogates)."""
     with Stream(path) as f:
         for n, raw in f.lines():
             try:
-                obj = json.loads(raw)  # bytes: decoded as UTF-8 by json itself
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{n}: not UTF-8 text ({e})") from e
-            except json.JSONDecodeError as e:
+                obj = parse_json_line(raw, f"{path}:{n}")
+            except DataError:
                 if not raw.decode("utf-8", "replace").strip():
                     continue  # a blank line (Unicode whitespace included) is not a record
-                raise DataError(f"{path}:{n}: invalid JSON ({e})") from e
+                raise
             yield n, obj

@@ -28,6 +28,7 @@ from aleph._io import (
     atomic_write_json,
     atomic_write_text,
     fsync_dir,
+    open_write_nofollow,
     read_json,
     sha256_file,
     work_root,
@@ -123,7 +124,7 @@ def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> Smok
     root = Path(root).absolute()
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(root.parent / f".{root.name}.lock", "a")
+        lock = os.fdopen(open_write_nofollow(root.parent / f".{root.name}.lock", append=True), "a")
     except OSError as e:
         if _manifest_ok(root, rows, seed):  # an intact set on a read-only volume: use it
             captions, chunks, tok = _files(root)

@@ -30,7 +30,8 @@ from aleph._io import (
     check_free_space,
     disk_full_message,
     fsync_dir,
-    read_json,
+    open_write_nofollow,
+    read_json_bounded,
     sha256_file,
     sha256_json,
     work_root,
@@ -39,6 +40,7 @@ from aleph.data.captions import CaptionsHasher, CaptionSource
 from aleph.data.tokenizer import configure_threads, tokenizer_fingerprint
 from aleph.errors import DataError, StoreError
 
+MANIFEST_MAX_BYTES = 16 << 20  # a token store manifest is a few hundred bytes
 FORMAT = "aleph-token-store"
 VERSION = 1  # unchanged by streaming builds: same layout, same bytes, same captions digest
 BATCH = 8192  # captions per encode call; two batches of encodings are in memory at once
@@ -281,7 +283,7 @@ class _NpyWriter:
             "fortran_order": False, "shape": tuple(shape)})  # the header np.save writes
         head = header.getvalue()
         self.size = len(head) + int(np.prod(shape, dtype=np.int64)) * 4
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)  # less the umask
+        self.fd = open_write_nofollow(path, truncate=True)  # 0o666 less the umask
         try:
             os.posix_fallocate(self.fd, 0, self.size)
         except OSError as e:
@@ -341,10 +343,14 @@ def open_token_store(path: str | Path, verify_hashes: bool = False) -> TokenStor
     man_path = path / "manifest.json"
     if not man_path.is_file():
         raise StoreError(f"token store {path}: no manifest.json (not a store, or incomplete)")
-    try:
-        man = read_json(man_path)
+    try:  # a regular file of bounded size and depth, no link followed
+        man = read_json_bounded(man_path, MANIFEST_MAX_BYTES, follow=False)
+    except OSError as e:
+        raise StoreError(f"{man_path}: {e.strerror or e}") from None
     except ValueError as e:
-        raise StoreError(f"{man_path}: invalid JSON ({e})") from e
+        raise StoreError(f"{man_path}: invalid JSON ({e})") from None
+    if not isinstance(man, dict):
+        raise StoreError(f"{man_path}: a JSON {type(man).__name__}, expected an object")
     if (man.get("format"), man.get("version")) != (FORMAT, VERSION):
         raise StoreError(f"{man_path}: format {man.get('format')!r} v{man.get('version')!r}, "
                          f"expected {FORMAT!r} v{VERSION}")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from aleph._io import read_bounded
+from aleph._io import read_json_bounded
 from aleph.record.fingerprint import SCHEMA, Scopes
 from aleph.record.layout import LAUNCHES
 
@@ -56,10 +55,12 @@ def read_executed(run_dir: Path, code: dict) -> tuple[dict | None, str]:
     rel = Path(ref["file"])
     if rel.is_absolute() or ".." in rel.parts or len(rel.parts) != 2 or rel.parts[0] != LAUNCHES:
         return None, f"executed-code record {ref['file']!r}: not a file in launches/ of the run"
-    try:  # a pulled run's record: a regular file (no link followed) of bounded size
-        data = json.loads(read_bounded(Path(run_dir) / rel, RECORD_MAX_BYTES, follow=False))
-    except (OSError, ValueError) as e:
+    try:  # a pulled run's record: a regular file (no link followed), bounded size and depth
+        data = read_json_bounded(Path(run_dir) / rel, RECORD_MAX_BYTES, follow=False)
+    except OSError as e:
         return None, f"executed-code record {ref['file']} unreadable ({type(e).__name__})"
+    except ValueError as e:
+        return None, f"executed-code record {ref['file']} unreadable ({str(e)[:200]})"
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("executed"), dict):
         return None, f"executed-code record {ref['file']}: not a {SCHEMA} record"
     return data, ""

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aleph._io import open_write_nofollow
 from aleph.record.provenance import file_hashes, package_dir, package_files
 
 MODULE = "<module>"
@@ -411,7 +412,9 @@ def _write_cache(path: Path, data: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
+        fd = open_write_nofollow(tmp, truncate=True)  # a shared cache dir: no planted link
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, sort_keys=True))
         os.replace(tmp, path)
     except OSError:  # a read-only work root: the next launch parses again
         pass

@@ -7,14 +7,14 @@ the same bytes: a caveat, not a difference in what was trained on.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from aleph._io import sha256_file
+from aleph._io import read_json_bounded, sha256_file
 from aleph.targets.format import MANIFEST_FILE
 from aleph.targets.store import content_sha256
 
 SIZE_KEYS = ("rows", "dim", "dtype", "byte_length")
+MANIFEST_MAX_BYTES = 64 << 20  # a store manifest lists its chunks: a few MB for E1's
 HASH_LIMIT_BYTES = 8 << 30  # re-hash store data files up to this size (the E1 store is 49 GB)
 
 
@@ -28,10 +28,11 @@ def _store_manifest(t: dict) -> dict | None:
     if not t.get("dir"):
         return None
     path = Path(str(t["dir"])) / MANIFEST_FILE  # the target store's own manifest
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
+    try:  # a path another machine recorded: a regular file, bounded size and depth
+        data = read_json_bounded(path, MANIFEST_MAX_BYTES, follow=False)
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def content_key(t: dict) -> str | None:

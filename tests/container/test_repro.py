@@ -56,7 +56,7 @@ def gate(engine, base_image, wheels_image):
     mod = importlib.util.module_from_spec(spec)
     sys.modules["repro_check"] = mod  # dataclasses resolve the module by name
     spec.loader.exec_module(mod)
-    mod.cleanup(work, made=True)
+    mod.remove_marked_work(work)
 
 
 def _digests(out: str) -> tuple[str, str]:
@@ -113,7 +113,7 @@ def test_the_sabotage_control_makes_the_gate_fail_and_say_where(gate):
     if not (gate.work / "a" / "root").is_dir():
         pytest.fail("the equal-digest test left no stores to rebuild on (it failed first)")
     # Both builds get the arg, so they differ only by what the step writes: the time.
-    # Each store rebuilds just the last step from its own cache; no --keep: stores removed.
+    # Each store rebuilds just the last step from its own cache (stores kept by the first run).
     p, seconds = gate("--build-arg", "ALEPH_REPRO_SABOTAGE=1")
     out = p.stdout
     assert p.returncode == 1, out[-4000:] + p.stderr[-4000:]

@@ -131,3 +131,17 @@ def test_fetch_pins_the_tokenizer_records_its_files_and_checks_every_pair_count(
         "download)")
     assert "sts13" not in json.loads((bundle / "bundle.json").read_text())["sts"]
     assert not (bundle / "sts" / "sts13.jsonl").exists()
+
+
+def test_a_hostile_manifest_is_one_line(tmp_path):
+    """A bundle copied from elsewhere (issue 32): nested 100k deep or a link, one line."""
+    from aleph.data.bundle import MANIFEST, read_manifest
+
+    (tmp_path / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match=r"bundle.json: invalid JSON \(JSON nested too deeply"):
+        read_manifest(tmp_path)
+    (tmp_path / MANIFEST).unlink()
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (tmp_path / MANIFEST).symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(DataError, match=r"bundle.json: not a regular file \(a symbolic link\)"):
+        read_manifest(tmp_path)

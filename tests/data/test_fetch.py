@@ -16,7 +16,6 @@ import pytest
 
 from aleph.data.fetch import CAPTIONS_FILE, CAPTIONS_REPO, fetch_captions
 from aleph.errors import DataError
-from tests.data.fake_dataset_hub import FakeDatasetHub
 
 COMMIT = "1c24bdb" + hashlib.sha1(b"e1").hexdigest()[7:]  # the short id's stand-in full id
 OTHER = "1c24bdb" + "0" * 33  # another commit with that prefix
@@ -26,15 +25,6 @@ def _payload() -> bytes:
     lines = "".join(json.dumps({"key": f"{i:09d}", "caption_llava": f"caption {i} " * 8,
                                 "caption_llava_short": f"short {i}"}) + "\n" for i in range(4000))
     return gzip.compress(lines.encode(), compresslevel=1, mtime=0)
-
-
-@pytest.fixture
-def hub(monkeypatch, tmp_path):
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no cache of the user's
-    with FakeDatasetHub() as h:
-        h.add(CAPTIONS_REPO, COMMIT, {CAPTIONS_FILE: _payload()})
-        yield h
 
 
 def _files(d):
@@ -57,7 +47,7 @@ def test_first_fetch_resolves_records_and_verifies(hub, tmp_path):
     n = len(hub.requests)
     lines.clear()
     assert fetch_captions(dest, endpoint="http://127.0.0.1:9", say=lines.append) == path
-    assert len(hub.requests) == n and "verified" in lines[0] and "no download" in lines[0]
+    assert len(hub.requests) == n and "matches its record" in lines[0] and "no download" in lines[0]
     # a copy that changed is refused, not replaced
     changed = data[:-1] + bytes([data[-1] ^ 1])
     path.write_bytes(changed)

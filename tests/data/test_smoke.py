@@ -143,7 +143,7 @@ def test_an_intact_set_on_a_read_only_volume_is_used_and_a_missing_one_named(tmp
     def read_only(path, *a, **kw):  # the lock file beside the root cannot be created
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(smoke_mod, "open", read_only, raising=False)
+    monkeypatch.setattr(smoke_mod, "open_write_nofollow", read_only)
     assert ensure_smoke_data(tmp_path / "s", rows=20) == made
     with pytest.raises(DataError, match="cannot create it or its lock file"):
         ensure_smoke_data(tmp_path / "s", rows=30)

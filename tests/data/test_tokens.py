@@ -103,3 +103,17 @@ def test_manifest_missing_or_mistyped_field_is_a_store_error(tmp_path, captions,
     man_path.write_text(json.dumps(man))
     with pytest.raises(StoreError, match="field '(rows|max_len|files|pad_id)'"):
         open_token_store(tmp_path / "s")
+
+
+def test_a_hostile_manifest_is_one_line(tmp_path):
+    """A store's manifest nested 100k deep or a JSON list: one line, no traceback (issue 32)."""
+    from aleph.errors import StoreError
+
+    (tmp_path / "s").mkdir()
+    man = tmp_path / "s" / "manifest.json"
+    man.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(StoreError, match=r"manifest.json: invalid JSON \(JSON nested too deeply"):
+        open_token_store(tmp_path / "s")
+    man.write_text("[]")
+    with pytest.raises(StoreError, match=r"manifest.json: a JSON list, expected an object"):
+        open_token_store(tmp_path / "s")

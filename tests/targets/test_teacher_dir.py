@@ -131,7 +131,7 @@ def test_a_hub_snapshot_may_link_into_its_blobs_and_nowhere_else(tmp_path):
 
 
 @pytest.mark.parametrize("name,text,expected", [
-    ("config.json", "[" * 100_000 + "]" * 100_000, "config.json: JSON nested too deep"),
+    ("config.json", "[" * 100_000 + "]" * 100_000, "config.json: JSON nested too deeply"),
     ("config.json", "[]", "config.json is a JSON list, expected an object"),
     ("config.json", '{"model_type": "aleph-evil"}', "model_type 'aleph-evil' is not a model type"),
     ("tokenizer_config.json", '{"auto_map": {"AutoTokenizer": ["x.T", null]}}', "auto_map"),

@@ -1,0 +1,294 @@
+"""The HTTP half of `aleph data fetch --captions`: a file's record by HEAD and a resumable,
+bounded GET into a partial file, against a server that may be hostile.
+
+Both go through huggingface_hub's HTTP session and headers (HF_TOKEN, HF_ENDPOINT apply)
+with redirects followed here, not by the library: at most `FetchLimits.redirects` per
+request (HEAD: same-origin only, as huggingface_hub does; GET: any, the token dropped when
+the origin changes). The GET asks for `Accept-Encoding: identity`, refuses a response
+with any other Content-Encoding and reads the raw body, so nothing is ever decoded into the
+file; it writes at most the bytes still missing of the announced size and refuses the
+response once one byte more arrives. One deadline covers the whole download (every attempt,
+every read), and a transfer slower than `min_rate` over a `rate_window_s` is cut (and
+resumed by the next attempt, `attempts` in all); an alarm (`hard_deadline`) also ends a
+request whose response headers trickle in byte by byte. Redirects must stay http(s). The partial file is opened with
+O_NOFOLLOW and O_NONBLOCK and checked with fstat: a symlink, a FIFO or anything but a
+regular file is refused in one line before a byte is written, and never removed.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import re
+import signal
+import stat
+import threading
+import time
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from urllib.parse import urljoin, urlsplit
+
+from aleph._io import file_kind
+from aleph.errors import ConfigError, DataError
+
+ENV_PREFIX = "ALEPH_FETCH_"  # ALEPH_FETCH_DEADLINE_S=30 overrides FetchLimits.deadline_s
+
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """Every bound of one `data fetch --captions` call, declared here and nowhere else."""
+
+    deadline_s: float = 6 * 3600.0
+    """Wall-clock seconds for the whole download, all attempts and reads together (the
+    real 3.58 GB file takes an hour at 1 MB/s)."""
+    min_rate: float = 32 * 1024
+    """Bytes per second a transfer must average over each `rate_window_s`; a slower one
+    is cut (its bytes kept for the next attempt to resume from)."""
+    rate_window_s: float = 60.0
+    """Seconds over which `min_rate` is measured; also the longest wait for one read."""
+    connect_timeout_s: float = 30.0
+    """Seconds to connect to the server."""
+    head_timeout_s: float = 60.0
+    """Wall-clock seconds for the file record (the HEAD request and its redirects)."""
+    redirects: int = 5
+    """Redirects followed per request; one more is refused."""
+    attempts: int = 3
+    """GET requests per call, each resuming where the last stopped."""
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> FetchLimits:
+        """The defaults, each overridden by ALEPH_FETCH_<FIELD> (e.g. ALEPH_FETCH_MIN_RATE)
+        when set; a value that is not a positive number (redirects: >= 0) is a ConfigError."""
+        env = os.environ if environ is None else environ
+        out = {}
+        for f in fields(cls):
+            name = ENV_PREFIX + f.name.upper()
+            text = env.get(name)
+            if text is None:
+                continue
+            kind = int if f.type == "int" else float
+            try:
+                value = kind(text)
+            except ValueError:
+                value = None
+            low = 0 if f.name == "redirects" else None  # the others must be > 0
+            if value is None or not math.isfinite(value) or \
+                    (value < low if low is not None else value <= 0):
+                raise ConfigError(f"{name}={text!r}: expected "
+                                  f"{'an integer' if kind is int else 'a number'} "
+                                  f"{'>= 0' if low is not None else '> 0'}")
+            out[f.name] = value
+        return replace(cls(), **out)
+
+
+class TransferCut(Exception):
+    """A transfer that stopped early and may be resumed (network error, too slow)."""
+
+
+@contextmanager
+def hard_deadline(deadline: float, what: str):
+    """A DataError naming `what` at `deadline` (time.monotonic()), whatever the code inside
+    is waiting on: per-read timeouts cannot bound a server that trickles its response
+    headers byte by byte. SIGALRM in the main thread; elsewhere the per-read bounds only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum, frame):
+        raise DataError(f"{what}: no answer within its deadline; refused (limits: "
+                        f"{ENV_PREFIX}HEAD_TIMEOUT_S, {ENV_PREFIX}DEADLINE_S)")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _origin(url: str) -> tuple[str, str]:
+    u = urlsplit(url)
+    return u.scheme, u.netloc
+
+
+def send(method: str, url: str, headers: dict, limits: FetchLimits, deadline: float, *,
+         same_origin_only: bool):
+    """The streamed response to `method url` after at most `limits.redirects` redirects
+    (with same_origin_only, a redirect elsewhere is returned as it is, as huggingface_hub
+    does for a file record); Authorization is dropped when the origin changes. The caller
+    closes it. Raises DataError beyond the redirect limit."""
+    import httpx
+    from huggingface_hub.utils import get_session
+
+    client, headers = get_session(), dict(headers)
+    for _hop in range(limits.redirects + 1):
+        left = max(deadline - time.monotonic(), 0.001)
+        timeout = httpx.Timeout(min(limits.rate_window_s, left),
+                                connect=min(limits.connect_timeout_s, left))
+        r = client.send(client.build_request(method, url, headers=headers, timeout=timeout),
+                        stream=True, follow_redirects=False)
+        location = r.headers.get("location") if r.is_redirect else None
+        if location is None:
+            return r
+        target = urljoin(url, location)
+        if urlsplit(target).scheme not in ("http", "https"):
+            r.close()
+            raise DataError(f"{method} {urlsplit(url).path}: redirect to {location[:200]!r}; "
+                            "expected an http(s) URL")
+        if same_origin_only and _origin(target) != _origin(url):
+            return r
+        r.close()
+        if _origin(target) != _origin(url):  # the token goes to its own origin only
+            headers.pop("Authorization", None)
+        url = target
+    raise DataError(f"{method} {urlsplit(url).path}: more than {limits.redirects} redirects "
+                    f"(the last to {location[:200]!r}); refused (limit: {ENV_PREFIX}REDIRECTS)")
+
+
+def hub_headers() -> dict:
+    """The headers of every request: the user's hub token (HF_TOKEN, or a saved login) and
+    `Accept-Encoding: identity`. Not huggingface_hub's build_hf_headers: that first GETs the
+    endpoint's /api/agent-harnesses (telemetry) with unbounded redirects and reads."""
+    from huggingface_hub import get_token
+
+    headers = {"User-Agent": "aleph-e1/data-fetch", "Accept-Encoding": "identity"}
+    token = get_token()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def file_record(url: str, what: str, limits: FetchLimits) -> dict:
+    """{'commit', 'size', 'sha256'} of the file at `url` from a HEAD (huggingface_hub's
+    headers, `Accept-Encoding: identity`): X-Repo-Commit, X-Linked-Etag (else ETag) and
+    X-Linked-Size (else Content-Length). Raises DataError naming `what` and the bad value;
+    network and HTTP errors propagate (the caller words them)."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    headers = hub_headers()
+    deadline = time.monotonic() + limits.head_timeout_s
+    with hard_deadline(deadline + 1.0, what), \
+            closing(send("HEAD", url, headers, limits, deadline, same_origin_only=True)) as r:
+        hf_raise_for_status(r)
+        h = r.headers
+    commit = h.get("x-repo-commit") or ""
+    etag = (h.get("x-linked-etag") or h.get("etag") or "").removeprefix("W/").strip('"').lower()
+    size_text = h.get("x-linked-size") or h.get("content-length") or ""
+    if not _DIGITS.fullmatch(size_text):
+        raise DataError(f"{what}: size {size_text[:40]!r} (X-Linked-Size) is not a size in "
+                        "bytes; expected a non-negative integer")
+    return {"commit": commit, "size": int(size_text), "sha256": etag}
+
+
+def open_partial(part: Path, resume: bool) -> int:
+    """A write fd of the partial file `part`: created if missing, never through a symlink
+    (O_NOFOLLOW), never blocking on a FIFO (O_NONBLOCK), a regular file checked by fstat
+    before anything is written; appended to when `resume`, else emptied. A path that is not
+    a regular file is a DataError (and is left as it is)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(part, flags | (os.O_APPEND if resume else 0), 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            kind = "a symbolic link"
+        elif e.errno == errno.ENXIO:  # a FIFO without a reader: O_NONBLOCK refuses at once
+            kind = "a FIFO"
+        else:
+            raise DataError(f"partial download {part}: cannot open ({e.strerror})") from None
+        raise DataError(f"partial download {part} is {kind}; expected a regular file this "
+                        "command wrote (it is left as it is: move it away)") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise DataError(f"partial download {part} is {file_kind(st.st_mode)}; expected a "
+                        "regular file this command wrote (it is left as it is: move it away)")
+    if not resume:
+        os.ftruncate(fd, 0)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def partial_size(part: Path) -> int:
+    """Bytes of the partial file (0 when missing), by lstat: a link or FIFO is refused."""
+    try:
+        st = os.lstat(part)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISREG(st.st_mode):
+        raise DataError(f"partial download {part} is {file_kind(st.st_mode)}; expected a "
+                        "regular file this command wrote (it is left as it is: move it away)")
+    return st.st_size
+
+
+def get_into(url: str, part: Path, have: int, size: int, limits: FetchLimits,
+             deadline: float) -> None:
+    """One GET of bytes `have`.. of a `size`-byte file into `part` (a Range request when
+    `have`; a 200 answer restarts from 0). Raises TransferCut for what a retry may mend, and
+    DataError for a response that breaks the bounds (deadline, encoding, longer body)."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    headers = hub_headers()
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    with hard_deadline(deadline + limits.rate_window_s, f"GET {urlsplit(url).path}"), \
+            closing(send("GET", url, headers, limits, deadline, same_origin_only=False)) as r:
+        hf_raise_for_status(r)
+        encoding = r.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise DataError(f"GET {urlsplit(url).path}: Content-Encoding {encoding[:40]!r}; "
+                            "expected the file's own bytes (identity), asked for with "
+                            "Accept-Encoding: identity; refused, nothing written")
+        resumed = bool(have) and r.status_code == 206
+        start = have if resumed else 0
+        want = size - start
+        length = r.headers.get("content-length")
+        if length is not None and length.strip() != str(want):
+            raise DataError(f"GET {urlsplit(url).path}: Content-Length {length[:40]!r}, "
+                            f"expected {want:,} (bytes {start:,}.. of the announced "
+                            f"{size:,}); refused, nothing written")
+        fd = open_partial(part, resumed)
+        with os.fdopen(fd, "wb") as f:
+            _copy(r, f, want, size, limits, deadline, url)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _copy(r, f, want: int, size: int, limits: FetchLimits, deadline: float, url: str) -> None:
+    """Raw body bytes into `f`, at most `want`; checks the deadline and the rate per read."""
+    import httpx
+
+    got, window_start, window_bytes = 0, time.monotonic(), 0
+    try:
+        for chunk in r.iter_raw():  # raw: no content decoding; each network read as it comes
+            take = chunk[: want - got]
+            f.write(take)
+            got += len(take)
+            if len(take) < len(chunk):
+                raise DataError(f"GET {urlsplit(url).path}: the body is longer than the "
+                                f"announced {size:,} bytes; refused after writing those")
+            now = time.monotonic()
+            if now > deadline:
+                raise DataError(f"GET {urlsplit(url).path}: not done within the "
+                                f"{limits.deadline_s:g} s deadline ({got:,} of {want:,} bytes "
+                                f"this attempt; limit: {ENV_PREFIX}DEADLINE_S); run it again "
+                                "to resume")
+            window_bytes += len(take)
+            if now - window_start >= limits.rate_window_s:
+                rate = window_bytes / (now - window_start)
+                if rate < limits.min_rate:
+                    raise TransferCut(f"{rate:,.0f} B/s over {now - window_start:.1f} s, below "
+                                      f"the minimum {limits.min_rate:,.0f} B/s "
+                                      f"({ENV_PREFIX}MIN_RATE)")
+                window_start, window_bytes = now, 0
+    except httpx.ReadTimeout:
+        raise TransferCut(f"no byte for {min(limits.rate_window_s, deadline - window_start):.1f} s,"
+                          f" below the minimum {limits.min_rate:,.0f} B/s "
+                          f"({ENV_PREFIX}MIN_RATE over {ENV_PREFIX}RATE_WINDOW_S)") from None
+    except httpx.HTTPError as e:
+        raise TransferCut(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}") from None
