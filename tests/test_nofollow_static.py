@@ -35,9 +35,6 @@ WRITE_MODE = set("wax+")
 EXEMPT = "# nofollow-ok:"
 
 PENDING = {
-    ("aleph/campaign/procs.py", "open(log, 'ab')"),
-    ("aleph/campaign/runner.py", "open(self.dir / 'campaign.log', 'a', encoding='utf-8')"),
-    ("aleph/campaign/runner.py", "open(log, 'a', encoding='utf-8')"),
     ("aleph/targets/build_streaming.py", "os.open(partial, os.O_RDWR)"),
     ("aleph/targets/chunkio.py", "open(self.partial, 'wb')"),
     ("aleph/targets/chunkio.py", "open(src, 'wb')"),

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from aleph._io import open_write_nofollow
 from aleph.errors import RunLocked
 from aleph.train.identity import LOCK_FILE, RunLock
 
@@ -42,7 +43,7 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
 def spawn(argv: list[str], env: dict[str, str], log: Path, cpus: tuple[int, ...] | None
           ) -> subprocess.Popen:
     """Start `python -m aleph <argv>` in its own session, output appended to `log`."""
-    with open(log, "ab") as out:
+    with os.fdopen(open_write_nofollow(log, append=True), "ab") as out:  # a planted link: refused
         proc = subprocess.Popen([sys.executable, "-m", "aleph", *argv], stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from aleph._io import open_write_nofollow
 from aleph.campaign import procs, rundirs
 from aleph.campaign.spec import Device, Spec
 from aleph.campaign.state import (
@@ -84,7 +85,8 @@ class Campaign:
         line = f"[campaign {self.spec.name}] {utc_now()} {message}"
         print(line, file=self.out, flush=True)
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / "campaign.log", "a", encoding="utf-8") as f:
+        with os.fdopen(open_write_nofollow(self.dir / "campaign.log", append=True), "a",
+                       encoding="utf-8") as f:
             f.write(line + "\n")
 
     # --- entry point --------------------------------------------------------------------
@@ -243,7 +245,7 @@ class Campaign:
         self.state.save()  # before the spawn: a restart then knows to look for the token
         secrets = self.spec.secret_env()  # in the environment only, never in the argv
         given = f" (and {', '.join(sorted(secrets))} in its environment)" if secrets else ""
-        with open(log, "a", encoding="utf-8") as f:
+        with os.fdopen(open_write_nofollow(log, append=True), "a", encoding="utf-8") as f:
             f.write(f"campaign {self.spec.name}: launch {n} of {rid} on {device.describe()} at "
                     f"{entry['start']}: {' '.join(entry['argv'])}{given}\n")
         env = procs.child_env({**secrets, "CUDA_VISIBLE_DEVICES": device.cuda_visible,
