@@ -88,12 +88,12 @@ def _slurm_options(p) -> None:
                    "(and with --submit, submit) sbatch scripts: Slurm schedules them")
     g.add_argument("--submit", action="store_true", help="submit the scripts (sbatch)")
     g.add_argument("--dry-run", action="store_true", help="print the scripts, write nothing")
-    g.add_argument("--partition", default=None)
-    g.add_argument("--account", default=None)
-    g.add_argument("--qos", default=None)
+    g.add_argument("--partition", default=None, help="#SBATCH --partition for every job (checked with sinfo when present)")
+    g.add_argument("--account", default=None, help="#SBATCH --account for every job")
+    g.add_argument("--qos", default=None, help="#SBATCH --qos for every job")
     g.add_argument("--gpus-per-task", type=int, default=0,
                    help="GPUs per rank (default 0: CPU, the smoke preset)")
-    g.add_argument("--cpus-per-task", type=int, default=None)
+    g.add_argument("--cpus-per-task", type=int, default=None, help="#SBATCH --cpus-per-task of each training task")
     g.add_argument("--nodes", type=int, default=1, help="nodes per run (default 1)")
     g.add_argument("--tasks-per-node", type=int, default=1,
                    help="ranks per node (default 1; usually the GPUs of a node)")
