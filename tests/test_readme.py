@@ -195,13 +195,11 @@ def test_the_named_test_exists_and_still_runs_the_command(command):
     assert proof in text, f"{path} no longer holds {proof!r}, which showed it runs {command!r}"
 
 
-@pytest.mark.parametrize("command", sorted(RUN_BY))
+@pytest.mark.parametrize("command", sorted(c for c in RUN_BY if c.startswith("./aleph-dev ")))
 def test_each_aleph_command_parses_with_the_real_parser(command):
     from aleph.cli import build_parser
 
     words = shlex.split(command)
-    if words[0] != "./aleph-dev":
-        pytest.skip("not an aleph command")  # host_check and compose: their own tests above
     table = _wrapper_commands()
     assert words[1] in table, f"./aleph-dev has no subcommand {words[1]!r}"
     if words[1] == "test":
