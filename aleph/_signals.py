@@ -77,3 +77,10 @@ class StopFlag:
     def restore(self) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def ignore_stops() -> None:
+    """The command has ended and said how: a SIGTERM/SIGINT still arriving (Slurm's second,
+    torchrun's forwarded ones) must not turn the exit status into a death by signal."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)

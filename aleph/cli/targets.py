@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 
 from aleph._io import work_root
+from aleph._signals import StopFlag, StopRequested, ignore_stops
 from aleph.env.cgroup import format_bytes
-from aleph.errors import StoreError
+from aleph.errors import EXIT_STOPPED, StoreError
 from aleph.targets import build_store, open_store, plan, store_dir_for, verify_store
 from aleph.targets.lock import DEFAULT_LOCK_TIMEOUT_S
 from aleph.targets.plan import DEFAULT_HEADROOM_BYTES
@@ -71,10 +72,26 @@ def _info(args) -> int:
 
 
 def _consensus(args) -> int:
-    from aleph.targets.consensus import run_consensus
+    """The consensus; exit 76 (errors.EXIT_STOPPED) after any number of SIGTERM/SIGINT, with
+    one line saying what was kept and the command that resumes."""
+    import shlex
 
-    r = run_consensus(args.teachers, args.out, fit_rows=args.fit_rows, whiten=args.whiten,
-                      tol=args.tol, max_iter=args.max_iter)
+    from aleph.targets.consensus import run_consensus, stop_summary
+
+    stop = StopFlag("interrupt")  # one stop, raised where it lands; partial chunks never count
+    try:
+        r = run_consensus(args.teachers, args.out, fit_rows=args.fit_rows, whiten=args.whiten,
+                          tol=args.tol, max_iter=args.max_iter)
+    except StopRequested as e:
+        again = ["aleph", "targets", "consensus", "--teachers", *args.teachers, "--out",
+                 args.out, "--fit-rows", str(args.fit_rows), "--whiten", args.whiten, "--tol",
+                 repr(args.tol), "--max-iter", str(args.max_iter)]
+        print(f"aleph targets consensus: {stop_summary(e.signame, Path(args.out).absolute())}; "
+              f"resume with: {shlex.join(again)}", flush=True)
+        return EXIT_STOPPED
+    finally:
+        stop.restore()
+        ignore_stops()  # a signal after the line above must not change the exit status
     fit = r["fit"]
     print(f"{args.out}: {r['rows']:,} x {r['dim']} float16 consensus of {len(r['teachers'])} "
           f"teachers, fit on {fit['rows_used']:,} rows, {fit['iterations']} sweeps "
@@ -94,7 +111,10 @@ def _extract(args) -> int:
                           consensus_out=args.consensus_out)
     from aleph.data.captions import open_captions
 
-    return run_extract(args.captions, args.out, args.teachers, opts, open_captions)
+    try:
+        return run_extract(args.captions, args.out, args.teachers, opts, open_captions)
+    finally:
+        ignore_stops()  # a signal after its last line must not change the exit status
 
 
 VERIFY_LEVELS = """\
@@ -181,7 +201,9 @@ def _register_making(sub) -> None:
     e.add_argument("--assume-tflops", type=float, default=ExtractOptions.assume_tflops,
                    help="sustained TFLOP/s per GPU for the GPU-hours estimate")
     e.add_argument("--shard", default=None, metavar="I/N",
-                   help="process only chunks c with c %% N == I (one process per GPU)")
+                   help="encode only chunks c with c %% N == I (one process per GPU or array "
+                   "element; any N gives the chunks of one run); the consensus is run after "
+                   "every shard finished")
     e.add_argument("--consensus-out", metavar="DIR",
                    help="then run `aleph targets consensus` of the teachers into DIR "
                    "(default fit): captions to a trainable target directory in one command")
