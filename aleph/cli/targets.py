@@ -88,10 +88,12 @@ def _consensus(args) -> int:
                  repr(args.tol), "--max-iter", str(args.max_iter)]
         print(f"aleph targets consensus: {stop_summary(e.signame, Path(args.out).absolute())}; "
               f"resume with: {shlex.join(again)}", flush=True)
+        ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
         return EXIT_STOPPED
-    finally:
+    except BaseException:
         stop.restore()
-        ignore_stops()  # a signal after the line above must not change the exit status
+        raise
+    stop.restore()
     fit = r["fit"]
     print(f"{args.out}: {r['rows']:,} x {r['dim']} float16 consensus of {len(r['teachers'])} "
           f"teachers, fit on {fit['rows_used']:,} rows, {fit['iterations']} sweeps "
@@ -111,10 +113,7 @@ def _extract(args) -> int:
                           consensus_out=args.consensus_out)
     from aleph.data.captions import open_captions
 
-    try:
-        return run_extract(args.captions, args.out, args.teachers, opts, open_captions)
-    finally:
-        ignore_stops()  # a signal after its last line must not change the exit status
+    return run_extract(args.captions, args.out, args.teachers, opts, open_captions)
 
 
 VERIFY_LEVELS = """\

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from aleph._io import atomic_write_json, short_repr
-from aleph._signals import StopFlag, StopRequested
+from aleph._signals import StopFlag, StopRequested, ignore_stops
 from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, StoreError
 from aleph.targets.chunkio import ChunkWriter
 from aleph.targets.extract_plan import (
@@ -274,21 +274,26 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
                 opts: ExtractOptions, open_captions) -> int:
     """The whole pass (module docstring); exit code: 0, or errors.EXIT_STOPPED (76) after
     any number of SIGTERM/SIGINT, with one line saying which chunks were kept and the
-    command that resumes. `open_captions(source, column)` is the caption reader
+    command that resumes (then further signals are ignored: the process is ending).
+    `open_captions(source, column)` is the caption reader
     (aleph.data.captions.open_captions, passed in by the CLI: targets does not import
     data, which reads target chunks for its alignment check)."""
     where: dict = {"phase": "setup"}
     stop = StopFlag("interrupt")  # one stop, raised wherever it lands; partials never count
     try:
-        return _extract(captions, Path(out).absolute(), teachers, opts, open_captions, where)
+        rc = _extract(captions, Path(out).absolute(), teachers, opts, open_captions, where)
     except StopRequested as e:
         again = shlex.join(["aleph", *command_line(captions, Path(out).absolute(), teachers,
                                                    opts, opts.shard, opts.consensus_out)])
         print(f"aleph targets extract: {stop_summary(e.signame, where)}; resume with: {again}",
               flush=True)
+        ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
         return EXIT_STOPPED
-    finally:
+    except BaseException:
         stop.restore()
+        raise
+    stop.restore()
+    return rc
 
 
 def stop_summary(signame: str, where: dict) -> str:
