@@ -2,7 +2,8 @@
 
 Prints what the closing note quotes: the hostnames the elements ran on, the array and finish
 job ids, the trainer's stop and resume lines, and the final weights' sha256 beside those of
-an uninterrupted run.
+an uninterrupted run (trained here, not on the cluster, once per session: a 1-rank and a
+2-rank run, the latter serving both two-node layouts).
 
 A time limit hit mid-run, deterministically: the trainer pauses after step 3
 (ALEPH_TRAIN_PAUSE_AFTER_STEP; a resumed launch starts after step 3 and never pauses again),
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -36,7 +38,7 @@ PAUSE = 3
 LEAD = 120  # seconds: the element's --signal-lead (its --time is 10 minutes)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smoke_data(tmp_path_factory) -> Path:
     from aleph.data.smoke import ensure_smoke_data
 
@@ -106,25 +108,71 @@ def _quote(text: str, *needles: str) -> None:
             print(f"  {line.strip()}")
 
 
-@pytest.fixture(scope="module")
-def reference_one(tmp_path_factory, smoke_data) -> str:
-    """Final weights of an uninterrupted one-process run of the same config (trained here)."""
-    work = _work(tmp_path_factory.mktemp("ref"), smoke_data)
-    env = {**os.environ, "ALEPH_WORK": str(work), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.pop("ALEPH_TRAIN_PAUSE_AFTER_STEP", None)
-    subprocess.run([sys.executable, "-m", "aleph", "train", "--arm", "a2_dense", "--seed", "0",
-                    "--preset", "smoke", *RUN], cwd=REPO, env=env, check=True,
-                   capture_output=True, timeout=300)
-    return _weights(work)
+class _References:
+    """The uninterrupted runs every resumed run is compared with, trained here (not on the
+    cluster) and once per session: the weights do not depend on where a run ran, only on its
+    config and its number of ranks. Both start at once in the background; `sha(ranks)` waits
+    for one and returns its final weights' sha256."""
+
+    def __init__(self, base: Path, smoke: Path):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        for hook in ("ALEPH_TRAIN_PAUSE_AFTER_STEP", "ALEPH_TRAIN_PAUSE_IN_PREFLIGHT",
+                     "ALEPH_TRAIN_FAULT"):
+            env.pop(hook, None)
+        train = ["-m", "aleph", "train", "--arm", "a2_dense", "--seed", "0", "--preset", "smoke",
+                 *RUN]
+        with socket.socket() as s:  # a free port for the 2-rank run's c10d store
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        launch = {1: [sys.executable, *train],
+                  2: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                      "--master_addr", "127.0.0.1", "--master_port", str(port), *train]}
+        self.runs: dict[int, tuple[Path, subprocess.Popen]] = {}
+        for ranks, argv in launch.items():
+            work = _work(base, smoke)
+            with open(work / "reference.log", "wb") as log:
+                proc = subprocess.Popen(
+                    argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env={**env, "ALEPH_WORK": str(work),
+                                                   "PYTHONPATH": str(REPO),
+                                                   "OMP_NUM_THREADS": "1"})
+            self.runs[ranks] = (work, proc)
+
+    def sha(self, ranks: int) -> str:
+        work, proc = self.runs[ranks]
+        rc = proc.wait(timeout=300)
+        assert rc == 0, (f"the {ranks}-rank reference run exited {rc}:\n"
+                         f"{(work / 'reference.log').read_text(errors='replace')[-3000:]}")
+        return _weights(work)
+
+    def close(self) -> None:
+        for _, proc in self.runs.values():
+            if proc.poll() is None:
+                proc.terminate()  # torchrun forwards it to its workers
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def references(tmp_path_factory, smoke_data):
+    refs = _References(tmp_path_factory.mktemp("ref"), smoke_data)
+    try:
+        yield refs
+    finally:
+        refs.close()
 
 
 def test_smoke_campaign_is_an_array_over_both_nodes_then_the_finish_job(slurm, smoke_data):
     work = _work(slurm.work, smoke_data)
-    array, fin = _submit(slurm, work, "smoke", "--seeds", "0", "1", "--time", "10",
+    # Three one-CPU elements at once cannot fit on one node (2 CPUs): both nodes run some.
+    array, fin = _submit(slurm, work, "smoke", "--seeds", "0", "--time", "10",
                          "--signal-lead", "60")
     slurm.wait_state(fin, "COMPLETED", timeout=420)
     hosts = {}
-    for task in range(6):
+    for task in range(3):
         assert slurm.state(f"{array}_{task}") == "COMPLETED"
         text = _log(work, "smoke", array, task).read_text()
         hosts[task] = re.search(r"batch host (\S+)\)", text)[1]
@@ -134,7 +182,7 @@ def test_smoke_campaign_is_an_array_over_both_nodes_then_the_finish_job(slurm, s
     status = subprocess.run([sys.executable, "-m", "aleph", "campaign", "status", "smoke"],
                             cwd=REPO, env=_env(slurm, work), capture_output=True, text=True,
                             timeout=120)
-    assert status.returncode == 0 and status.stdout.count(" complete ") == 6, status.stdout
+    assert status.returncode == 0 and status.stdout.count(" complete ") == 3, status.stdout
     assert f"training array {array}, finish job {fin}" in status.stdout
     cdir = work / "campaigns" / "smoke"
     assert (cdir / "report").is_dir() and (cdir / "diff-matrix.md").is_file()
@@ -170,15 +218,11 @@ def _stop_at_time_limit(slurm, work, name, array) -> str:
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, smoke_data, layout,
-                                                                reference_one):
+                                                                references):
     work, name = _work(slurm.work, smoke_data), "limit"
     extra = ["--arms", "a2_dense", "--seeds", "0", "--time", "10", "--signal-lead", str(LEAD),
              "--max-requeues", "2", *LAYOUTS[layout]]
     array, _ = _submit(slurm, work, name, *extra, ALEPH_TRAIN_PAUSE_AFTER_STEP=str(PAUSE))
-    ref_work = None
-    if layout != "one node":  # the same layout uninterrupted, beside it (4 CPUs in all)
-        ref_work = _work(slurm.work, smoke_data)
-        ref_array, _ = _submit(slurm, ref_work, "ref", *extra)
     text = _stop_at_time_limit(slurm, work, name, array)
     print(f"{layout}: element {array}_0")
     _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step", "resume state saved",
@@ -186,11 +230,8 @@ def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, smoke_data
     assert f"stopped by SIGTERM after step {PAUSE}" in text
     assert f"resume: step {PAUSE}," in text
     assert "requeues so far 1 (limit 2)" in text
-    if ref_work is None:
-        reference = reference_one
-    else:
-        slurm.wait_state(f"{ref_array}_0", "COMPLETED", timeout=300)
-        reference = _weights(ref_work)
+    # Both two-node layouts are 2 ranks: one uninterrupted 2-rank run serves them both.
+    reference = references.sha(1 if layout == "one node" else 2)
     got = _weights(work)
     print(f"{layout}: final weights sha256 {got} (resumed) vs {reference} (uninterrupted): "
           f"{'bitwise equal' if got == reference else 'DIFFERENT'}")
@@ -198,7 +239,7 @@ def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, smoke_data
 
 
 def test_preemption_by_the_high_partition_stops_requeues_and_resumes(slurm, smoke_data,
-                                                                     reference_one):
+                                                                     references):
     work, name = _work(slurm.work, smoke_data), "preempt"
     array, _ = _submit(slurm, work, name, "--arms", "a2_dense", "--seeds", "0", "--time", "10",
                        "--signal-lead", str(LEAD), ALEPH_TRAIN_PAUSE_AFTER_STEP=str(PAUSE))
@@ -215,8 +256,9 @@ def test_preemption_by_the_high_partition_stops_requeues_and_resumes(slurm, smok
     _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step")
     assert f"stopped by SIGTERM after step {PAUSE}" in text and f"resume: step {PAUSE}," in text
     assert "requeues so far 1 (limit 3)" in text
-    assert _weights(work) == reference_one
-    print(f"preemption: final weights bitwise equal to the uninterrupted run ({reference_one})")
+    reference = references.sha(1)
+    assert _weights(work) == reference
+    print(f"preemption: final weights bitwise equal to the uninterrupted run ({reference})")
 
 
 def test_the_run_lock_excludes_across_nodes(slurm):
