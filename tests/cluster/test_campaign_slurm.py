@@ -204,27 +204,75 @@ def _elapsed_s(fields: dict) -> int:
     return int(d or 0) * 86400 + h * 3600 + m * 60 + s
 
 
-def _stop_at_time_limit(slurm, work, name, array) -> str:
-    """Pause, then a time limit with less than the lead left; returns the element's log."""
-    element, log = f"{array}_0", _log(work, name, array, 0)
-    _wait_text(log, f"paused after step {PAUSE}", slurm, element)
-    minutes = _elapsed_s(slurm.job(element)) // 60 + 2  # 60-120 s left: under the lead
-    slurm.run(["scontrol", "update", f"JobId={element}", f"TimeLimit={minutes}"])
-    _wait_text(log, "requeueing this element alone", slurm, element, timeout=120)
-    slurm.run(["scontrol", "update", f"JobId={element}", "TimeLimit=10"])
-    slurm.wait_state(element, "COMPLETED", timeout=300)
-    return log.read_text()
+# Layouts whose elements run at once (each two-node element takes 1 CPU per node: 2 fit),
+# so that they wait for the same timer tick and requeue hold.
+TOGETHER = (("two nodes, srun torchrun", "two nodes, srun-native DDP"), ("one node",))
+
+
+def _stop_at_time_limit(slurm, elements: dict[str, Path]) -> dict[str, str]:
+    """Pause each element, then a time limit with less than the lead left; returns each
+    element's log once it completed."""
+    for element, log in elements.items():
+        _wait_text(log, f"paused after step {PAUSE}", slurm, element)
+    for element in elements:
+        minutes = _elapsed_s(slurm.job(element)) // 60 + 2  # 60-120 s left: under the lead
+        slurm.run(["scontrol", "update", f"JobId={element}", f"TimeLimit={minutes}"])
+    for element, log in elements.items():
+        _wait_text(log, "requeueing this element alone", slurm, element, timeout=120)
+        slurm.run(["scontrol", "update", f"JobId={element}", "TimeLimit=10"])
+    for element in elements:
+        slurm.wait_state(element, "COMPLETED", timeout=300)
+    return {element: log.read_text() for element, log in elements.items()}
+
+
+class _TimeLimited:
+    """Each layout's element stopped by a time limit mid-run, requeued and resumed; the
+    layouts of one TOGETHER group are submitted and driven at once, by the first case that
+    asks for one of them (the `slurm` fixture cancels leftovers only after that case)."""
+
+    def __init__(self, slurm, smoke: Path):
+        self.slurm, self.smoke = slurm, smoke
+        self.done: dict[str, tuple[str, Path, str] | BaseException] = {}
+
+    def get(self, layout: str) -> tuple[str, Path, str]:
+        """(element, work root, element log) of `layout`'s resumed run."""
+        if layout not in self.done:
+            group = next(g for g in TOGETHER if layout in g)
+            try:
+                self._run(group)
+            except BaseException as e:
+                self.done.update((lay, e) for lay in group)
+                raise
+        got = self.done[layout]
+        if isinstance(got, BaseException):
+            raise AssertionError(f"{layout}: its group failed earlier: {got}")
+        return got
+
+    def _run(self, group: tuple[str, ...]) -> None:
+        submitted = {}
+        for layout in group:
+            work = _work(self.slurm.work, self.smoke)
+            extra = ["--arms", "a2_dense", "--seeds", "0", "--time", "10", "--signal-lead",
+                     str(LEAD), "--max-requeues", "2", *LAYOUTS[layout]]
+            array, _ = _submit(self.slurm, work, "limit", *extra,
+                               ALEPH_TRAIN_PAUSE_AFTER_STEP=str(PAUSE))
+            submitted[layout] = (f"{array}_0", work)
+        texts = _stop_at_time_limit(self.slurm, {e: _log(w, "limit", e.split("_")[0], 0)
+                                                 for e, w in submitted.values()})
+        for layout, (element, work) in submitted.items():
+            self.done[layout] = (element, work, texts[element])
+
+
+@pytest.fixture(scope="module")
+def time_limited(slurm_cluster, smoke_data):
+    return _TimeLimited(slurm_cluster, smoke_data)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, smoke_data, layout,
+def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, layout, time_limited,
                                                                 references):
-    work, name = _work(slurm.work, smoke_data), "limit"
-    extra = ["--arms", "a2_dense", "--seeds", "0", "--time", "10", "--signal-lead", str(LEAD),
-             "--max-requeues", "2", *LAYOUTS[layout]]
-    array, _ = _submit(slurm, work, name, *extra, ALEPH_TRAIN_PAUSE_AFTER_STEP=str(PAUSE))
-    text = _stop_at_time_limit(slurm, work, name, array)
-    print(f"{layout}: element {array}_0")
+    element, work, text = time_limited.get(layout)
+    print(f"{layout}: element {element}")
     _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step", "resume state saved",
            "a2_dense-s0: stopped (")
     assert f"stopped by SIGTERM after step {PAUSE}" in text
