@@ -204,75 +204,94 @@ def _elapsed_s(fields: dict) -> int:
     return int(d or 0) * 86400 + h * 3600 + m * 60 + s
 
 
-# Layouts whose elements run at once (each two-node element takes 1 CPU per node: 2 fit),
-# so that they wait for the same timer tick and requeue hold.
-TOGETHER = (("two nodes, srun torchrun", "two nodes, srun-native DDP"), ("one node",))
+# Cases whose elements run at once, so that they share the waits (a timer tick, a requeue
+# hold): each two-node element takes 1 CPU per node (2 fit); the one-node time-limit element
+# is pinned to node2 and the preempted one to node1, whose high job then preempts it alone.
+TOGETHER = (("two nodes, srun torchrun", "two nodes, srun-native DDP"), ("one node", "preempt"))
+PINNED = {"one node": "node2", "preempt": "node1"}
 
 
-def _stop_at_time_limit(slurm, elements: dict[str, Path]) -> dict[str, str]:
-    """Pause each element, then a time limit with less than the lead left; returns each
-    element's log once it completed."""
-    for element, log in elements.items():
+def _stop(slurm, elements: dict[str, tuple[str, Path]]) -> str | None:
+    """Pause each element (case -> (element, log)), then stop the time-limit cases' with a
+    time limit under the lead and the "preempt" case's with a high-partition job on its
+    node; returns the high job's id once it completed (None without a "preempt" case)."""
+    for element, log in elements.values():
         _wait_text(log, f"paused after step {PAUSE}", slurm, element)
-    for element in elements:
+    limited = {case: el for case, el in elements.items() if case != "preempt"}
+    for element, _ in limited.values():
         minutes = _elapsed_s(slurm.job(element)) // 60 + 2  # 60-120 s left: under the lead
         slurm.run(["scontrol", "update", f"JobId={element}", f"TimeLimit={minutes}"])
-    for element, log in elements.items():
+    high = None
+    if "preempt" in elements:
+        node = slurm.job(elements["preempt"][0])["NodeList"]
+        high = slurm.submit("#!/bin/sh\nsleep 5\n", f"--partition={slurm.high_partition}",
+                            f"--nodelist={node}", "--exclusive",
+                            f"--output={slurm.work}/high-%j.out")
+    for element, log in limited.values():
         _wait_text(log, "requeueing this element alone", slurm, element, timeout=120)
         slurm.run(["scontrol", "update", f"JobId={element}", "TimeLimit=10"])
-    for element in elements:
+    if high is not None:
+        slurm.wait_state(high, "COMPLETED", timeout=180)
+    for element, _ in elements.values():
         slurm.wait_state(element, "COMPLETED", timeout=300)
-    return {element: log.read_text() for element, log in elements.items()}
+    return high
 
 
-class _TimeLimited:
-    """Each layout's element stopped by a time limit mid-run, requeued and resumed; the
-    layouts of one TOGETHER group are submitted and driven at once, by the first case that
-    asks for one of them (the `slurm` fixture cancels leftovers only after that case)."""
+class _Interrupted:
+    """Each case's element stopped mid-run (a time limit, or "preempt": preemption),
+    requeued and resumed; the cases of one TOGETHER group are submitted and driven at once,
+    by the first test that asks for one of them (the `slurm` fixture cancels leftovers only
+    after that test)."""
 
     def __init__(self, slurm, smoke: Path):
         self.slurm, self.smoke = slurm, smoke
-        self.done: dict[str, tuple[str, Path, str] | BaseException] = {}
+        self.done: dict[str, dict | BaseException] = {}
 
-    def get(self, layout: str) -> tuple[str, Path, str]:
-        """(element, work root, element log) of `layout`'s resumed run."""
-        if layout not in self.done:
-            group = next(g for g in TOGETHER if layout in g)
+    def get(self, case: str) -> dict:
+        """{"element", "work", "text", "node", "high"} of `case`'s resumed run."""
+        if case not in self.done:
+            group = next(g for g in TOGETHER if case in g)
             try:
                 self._run(group)
             except BaseException as e:
-                self.done.update((lay, e) for lay in group)
+                self.done.update((c, e) for c in group)
                 raise
-        got = self.done[layout]
+        got = self.done[case]
         if isinstance(got, BaseException):
-            raise AssertionError(f"{layout}: its group failed earlier: {got}")
+            raise AssertionError(f"{case}: its group failed earlier: {got}")
         return got
 
     def _run(self, group: tuple[str, ...]) -> None:
         submitted = {}
-        for layout in group:
+        for case in group:
             work = _work(self.slurm.work, self.smoke)
             extra = ["--arms", "a2_dense", "--seeds", "0", "--time", "10", "--signal-lead",
-                     str(LEAD), "--max-requeues", "2", *LAYOUTS[layout]]
-            array, _ = _submit(self.slurm, work, "limit", *extra,
+                     str(LEAD), *LAYOUTS.get(case, [])]
+            if case != "preempt":
+                extra += ["--max-requeues", "2"]
+            if case in PINNED:
+                extra.append(f"--sbatch-line=--nodelist={PINNED[case]}")
+            name = "preempt" if case == "preempt" else "limit"
+            array, _ = _submit(self.slurm, work, name, *extra,
                                ALEPH_TRAIN_PAUSE_AFTER_STEP=str(PAUSE))
-            submitted[layout] = (f"{array}_0", work)
-        texts = _stop_at_time_limit(self.slurm, {e: _log(w, "limit", e.split("_")[0], 0)
-                                                 for e, w in submitted.values()})
-        for layout, (element, work) in submitted.items():
-            self.done[layout] = (element, work, texts[element])
+            submitted[case] = (f"{array}_0", work, _log(work, name, array, 0))
+        high = _stop(self.slurm, {c: (e, log) for c, (e, _, log) in submitted.items()})
+        for case, (element, work, log) in submitted.items():
+            self.done[case] = {"element": element, "work": work, "text": log.read_text(),
+                               "node": self.slurm.job(element)["NodeList"], "high": high}
 
 
 @pytest.fixture(scope="module")
-def time_limited(slurm_cluster, smoke_data):
-    return _TimeLimited(slurm_cluster, smoke_data)
+def interrupted(slurm_cluster, smoke_data):
+    return _Interrupted(slurm_cluster, smoke_data)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, layout, time_limited,
+def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, layout, interrupted,
                                                                 references):
-    element, work, text = time_limited.get(layout)
-    print(f"{layout}: element {element}")
+    run = interrupted.get(layout)
+    text = run["text"]
+    print(f"{layout}: element {run['element']} on {run['node']}")
     _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step", "resume state saved",
            "a2_dense-s0: stopped (")
     assert f"stopped by SIGTERM after step {PAUSE}" in text
@@ -280,32 +299,23 @@ def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, layout, ti
     assert "requeues so far 1 (limit 2)" in text
     # Both two-node layouts are 2 ranks: one uninterrupted 2-rank run serves them both.
     reference = references.sha(1 if layout == "one node" else 2)
-    got = _weights(work)
+    got = _weights(run["work"])
     print(f"{layout}: final weights sha256 {got} (resumed) vs {reference} (uninterrupted): "
           f"{'bitwise equal' if got == reference else 'DIFFERENT'}")
     assert got == reference
 
 
-def test_preemption_by_the_high_partition_stops_requeues_and_resumes(slurm, smoke_data,
+def test_preemption_by_the_high_partition_stops_requeues_and_resumes(slurm, interrupted,
                                                                      references):
-    work, name = _work(slurm.work, smoke_data), "preempt"
-    array, _ = _submit(slurm, work, name, "--arms", "a2_dense", "--seeds", "0", "--time", "10",
-                       "--signal-lead", str(LEAD), ALEPH_TRAIN_PAUSE_AFTER_STEP=str(PAUSE))
-    element, log = f"{array}_0", _log(work, name, array, 0)
-    _wait_text(log, f"paused after step {PAUSE}", slurm, element)
-    node = slurm.job(element)["NodeList"]
-    high = slurm.submit("#!/bin/sh\nsleep 5\n", f"--partition={slurm.high_partition}",
-                        f"--nodelist={node}", "--exclusive", f"--output={slurm.work}/high-%j.out")
-    print(f"preemption: job {high} on partition {slurm.high_partition} takes {node} from "
-          f"element {element}")
-    slurm.wait_state(high, "COMPLETED", timeout=180)
-    slurm.wait_state(element, "COMPLETED", timeout=300)
-    text = log.read_text()
+    run = interrupted.get("preempt")
+    text, element = run["text"], run["element"]
+    print(f"preemption: job {run['high']} on partition {slurm.high_partition} takes "
+          f"{run['node']} from element {element}")
     _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step")
     assert f"stopped by SIGTERM after step {PAUSE}" in text and f"resume: step {PAUSE}," in text
     assert "requeues so far 1 (limit 3)" in text
     reference = references.sha(1)
-    assert _weights(work) == reference
+    assert _weights(run["work"]) == reference
     print(f"preemption: final weights bitwise equal to the uninterrupted run ({reference})")
 
 
