@@ -11,6 +11,11 @@ then the test shortens the element's TimeLimit with `scontrol update` so that le
 signal lead is left: Slurm's own `--signal=TERM@LEAD` then stops it at its next timer tick.
 The limit is raised back once the element has requeued itself. The requeue hold is the
 harness's `cred_expire` (10 s + 1) instead of 121 s.
+
+The interrupted cases run two at a time so that they share these waits (TOGETHER): both
+two-node layouts at once (1 CPU per node each), then the one-node time limit on node2 beside
+the preemption on node1 (the high job takes node1 alone). Each case still asserts and prints
+only its own element's lines.
 """
 
 from __future__ import annotations
