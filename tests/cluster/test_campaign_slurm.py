@@ -232,9 +232,17 @@ def _stop(slurm, elements: dict[str, tuple[str, Path]]) -> str | None:
         high = slurm.submit("#!/bin/sh\nsleep 5\n", f"--partition={slurm.high_partition}",
                             f"--nodelist={node}", "--exclusive",
                             f"--output={slurm.work}/high-%j.out")
-    for element, log in limited.values():
-        _wait_text(log, "requeueing this element alone", slurm, element, timeout=120)
-        slurm.run(["scontrol", "update", f"JobId={element}", "TimeLimit=10"])
+    # Each limit is raised back as soon as its element requeued itself, within the 11 s
+    # requeue hold: a restart under the short limit would be stopped again.
+    waiting, deadline = dict(limited), time.monotonic() + 120
+    while waiting:
+        for case, (element, log) in list(waiting.items()):
+            if "requeueing this element alone" in log.read_text(errors="replace"):
+                slurm.run(["scontrol", "update", f"JobId={element}", "TimeLimit=10"])
+                del waiting[case]
+            elif time.monotonic() > deadline:
+                _wait_text(log, "requeueing this element alone", slurm, element, timeout=0)
+        time.sleep(0.3)
     if high is not None:
         slurm.wait_state(high, "COMPLETED", timeout=180)
     for element, _ in elements.values():
