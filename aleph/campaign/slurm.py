@@ -11,7 +11,8 @@ Written into <campaign>/slurm/:
 - finish.sbatch: after every element succeeded (afterok), `aleph campaign --finish-only` on
   the same spec: the one-box campaign's evaluation, report and diff matrix (finish.py).
 - extract.sbatch + consensus.sbatch, only with --extract-shards: `aleph targets extract
-  --shard I/N` per element, then the consensus; training then waits for the consensus.
+  --shard I/N` per element (requeued alone on a stop, exit 76, like a training element),
+  then the consensus job (afterok); training then waits for the consensus.
 
 One run on several nodes (--nodes > 1): srun-native by default (one task per rank, the
 trainer reads SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS), or `srun torchrun` (one agent
@@ -181,19 +182,35 @@ def train_script(spec: Spec, site: Site, lay: Layout, sdir: Path) -> str:
         f'  if [ "$st" -ne {EXIT_STOPPED} ]; then',
         f'    echo "{LOG} element $ELEMENT: run $RUN failed (exit $rc); not requeued"',
         '    exit "$rc"', "  fi", "fi",
-        f'if [ "$RESTARTS" -ge {m} ]; then',
-        f'  echo "{LOG} element $ELEMENT: run $RUN stopped (resumable) after $RESTARTS '
-        f'requeue(s), the limit (--max-requeues {m}): giving up; resume it with: sbatch '
-        f'--array=$SLURM_ARRAY_TASK_ID {q(sdir / "train.sbatch")}"',
+    ]
+    lines += _requeue_lines("element $ELEMENT: run $RUN", "element $ELEMENT", "this element alone",
+                            f'sbatch --array=$SLURM_ARRAY_TASK_ID {q(sdir / "train.sbatch")}', m)
+    return "\n".join(lines) + "\n"
+
+
+def _requeue_lines(who: str, short: str, what: str, resume: str, limit: int) -> list[str]:
+    """After a step that exited errors.EXIT_STOPPED: `scontrol requeue "$ELEMENT"` while
+    $RESTARTS is under `limit`, else say it gives up and how to resume (exit 76)."""
+    return [
+        f'if [ "$RESTARTS" -ge {limit} ]; then',
+        f'  echo "{LOG} {who} stopped (resumable) after $RESTARTS requeue(s), the limit '
+        f'(--max-requeues {limit}): giving up; resume it with: {resume}"',
         f"  exit {EXIT_STOPPED}", "fi",
-        f'echo "{LOG} element $ELEMENT: run $RUN stopped (resumable): requeueing this element '
-        f'alone (requeue $((RESTARTS + 1)) of {m})"',
+        f'echo "{LOG} {who} stopped (resumable): requeueing {what} (requeue $((RESTARTS + 1)) '
+        f'of {limit})"',
         'if scontrol requeue "$ELEMENT"; then exit 0; fi',
-        f'echo "{LOG} element $ELEMENT: scontrol requeue refused; resume it with: sbatch '
-        f'--array=$SLURM_ARRAY_TASK_ID {q(sdir / "train.sbatch")}"',
+        f'echo "{LOG} {short}: scontrol requeue refused; resume it with: {resume}"',
         f"exit {EXIT_STOPPED}",
     ]
-    return "\n".join(lines) + "\n"
+
+
+def _stopped_or_failed(who: str) -> list[str]:
+    """After `srun ...`: exit 0 on success, the step's status on a failure; falls through
+    (to the requeue lines) only on errors.EXIT_STOPPED."""
+    return ["rc=$?", f'echo "{LOG} {who}: the step ended with exit $rc"',
+            'if [ "$rc" -eq 0 ]; then exit 0; fi',
+            f'if [ "$rc" -ne {EXIT_STOPPED} ]; then',
+            f'  echo "{LOG} {who} failed (exit $rc); not requeued"', '  exit "$rc"', "fi"]
 
 
 def finish_argv(spec: Spec, site: Site, opts: EvalOptions, published: bool | None,
@@ -235,8 +252,14 @@ def finish_script(spec: Spec, site: Site, lay: Layout, sdir: Path, argv: list[st
 
 def extract_scripts(spec: Spec, site: Site, lay: Layout, sdir: Path,
                     ex: Extraction) -> dict[str, str]:
-    """extract.sbatch (an element per shard) and, with consensus arguments, consensus.sbatch."""
-    box, py = _container(site, lay), q(ex.python)
+    """extract.sbatch (an element per shard) and, with consensus arguments, consensus.sbatch.
+
+    Both stop the way training does: `--signal=TERM@LEAD`, the step exits 76
+    (errors.EXIT_STOPPED) keeping its finished chunks, and the element (the job) requeues
+    itself alone while SLURM_RESTART_COUNT is under --max-requeues; a requeued shard redoes
+    none of its finished chunks. The consensus job refuses to start while a chunk of any
+    shard is missing, so it runs only after every element succeeded (afterok)."""
+    box, py, m = _container(site, lay), q(ex.python), site.max_requeues
     lines = _header(spec, site, f"teacher extraction, {ex.shards} shards (aleph targets "
                     "extract --shard I/N)", "extract", str(sdir / "logs" / "extract-%A_%a.out"),
                     site.time_s)
@@ -246,15 +269,29 @@ def extract_scripts(spec: Spec, site: Site, lay: Layout, sdir: Path,
     if site.gpus_per_task:
         lines.append(f"#SBATCH --gpus-per-task={site.gpus_per_task}")
     lines += _footer_lines(site) + _environment(site, lay)
-    lines += ["", f"exec srun {box}{py} -m aleph targets extract {ex.extract_args} "
+    who = f"element $ELEMENT: shard $SLURM_ARRAY_TASK_ID/{ex.shards}"
+    lines += ["", 'ELEMENT="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+              'RESTARTS="${SLURM_RESTART_COUNT:-0}"',
+              f'echo "{LOG} {who} on $(hostname), requeues so far $RESTARTS (limit {m})"',
+              f"srun {box}{py} -m aleph targets extract {ex.extract_args} "
               f'--shard "$SLURM_ARRAY_TASK_ID/{ex.shards}"']
+    lines += _stopped_or_failed(who)
+    lines += _requeue_lines(who, "element $ELEMENT", "this element alone",
+                            f'sbatch --array=$SLURM_ARRAY_TASK_ID {q(sdir / "extract.sbatch")}', m)
     out = {"extract.sbatch": "\n".join(lines) + "\n"}
     if ex.consensus_args:
         lines = _header(spec, site, "the teacher consensus, after every extraction shard",
                         "consensus", str(sdir / "logs" / "consensus-%j.out"), site.time_s)
-        lines += ["#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
+        lines += ["#SBATCH --requeue", f"#SBATCH --signal=TERM@{site.signal_lead_s}",
+                  "#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
         lines += _footer_lines(site) + _environment(site, lay)
-        lines += ["", f"exec srun {box}{py} -m aleph targets consensus {ex.consensus_args}"]
+        lines += ["", 'ELEMENT="$SLURM_JOB_ID"', 'RESTARTS="${SLURM_RESTART_COUNT:-0}"',
+                  f'echo "{LOG} consensus job $ELEMENT on $(hostname), requeues so far '
+                  f'$RESTARTS (limit {m})"',
+                  f"srun {box}{py} -m aleph targets consensus {ex.consensus_args}"]
+        lines += _stopped_or_failed("consensus job $ELEMENT")
+        lines += _requeue_lines("consensus job $ELEMENT", "consensus job $ELEMENT", "this job",
+                                f'sbatch {q(sdir / "consensus.sbatch")}', m)
         out["consensus.sbatch"] = "\n".join(lines) + "\n"
     return out
 

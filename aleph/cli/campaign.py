@@ -195,6 +195,9 @@ def _slurm(args: argparse.Namespace, spec, opts) -> int:
             if getattr(args, opt) and "--shard" in shlex.split(getattr(args, opt)):
                 raise ConfigError(f"--{opt.replace('_', '-')}: without --shard (each element "
                                   "adds its own)")
+        if "--consensus-out" in shlex.split(args.extract_args):
+            raise ConfigError("--extract-args: without --consensus-out (the consensus is its "
+                              "own job after every shard: --consensus-args)")
         extraction = Extraction(args.extract_shards, shlex.join(shlex.split(args.extract_args)),
                                 shlex.join(shlex.split(args.consensus_args))
                                 if args.consensus_args else None,

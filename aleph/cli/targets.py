@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 
 from aleph._io import work_root
+from aleph._signals import StopFlag, StopRequested, ignore_stops
 from aleph.env.cgroup import format_bytes
-from aleph.errors import StoreError
+from aleph.errors import EXIT_STOPPED, StoreError
 from aleph.targets import build_store, open_store, plan, store_dir_for, verify_store
 from aleph.targets.lock import DEFAULT_LOCK_TIMEOUT_S
 from aleph.targets.plan import DEFAULT_HEADROOM_BYTES
@@ -82,10 +83,28 @@ def _info(args) -> int:
 
 
 def _consensus(args) -> int:
-    from aleph.targets.consensus import run_consensus
+    """The consensus; exit 76 (errors.EXIT_STOPPED) after any number of SIGTERM/SIGINT, with
+    one line saying what was kept and the command that resumes."""
+    import shlex
 
-    r = run_consensus(args.teachers, args.out, fit_rows=args.fit_rows, whiten=args.whiten,
-                      tol=args.tol, max_iter=args.max_iter)
+    from aleph.targets.consensus import run_consensus, stop_summary
+
+    stop = StopFlag("interrupt")  # one stop, raised where it lands; partial chunks never count
+    try:
+        r = run_consensus(args.teachers, args.out, fit_rows=args.fit_rows, whiten=args.whiten,
+                          tol=args.tol, max_iter=args.max_iter)
+    except StopRequested as e:
+        again = ["aleph", "targets", "consensus", "--teachers", *args.teachers, "--out",
+                 args.out, "--fit-rows", str(args.fit_rows), "--whiten", args.whiten, "--tol",
+                 repr(args.tol), "--max-iter", str(args.max_iter)]
+        print(f"aleph targets consensus: {stop_summary(e.signame, Path(args.out).absolute())}; "
+              f"resume with: {shlex.join(again)}", flush=True)
+        ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
+        return EXIT_STOPPED
+    except BaseException:
+        stop.restore()
+        raise
+    stop.restore()
     fit = r["fit"]
     print(f"{args.out}: {r['rows']:,} x {r['dim']} float16 consensus of {len(r['teachers'])} "
           f"teachers, fit on {fit['rows_used']:,} rows, {fit['iterations']} sweeps "
@@ -202,8 +221,9 @@ def _register_making(sub) -> None:
                    help="sustained TFLOP/s per GPU for the GPU-hours estimate (default: "
                    f"%(default)s = {ASSUMED_MFU * 100:.0f}%% of an A40's {A40_BF16_TFLOPS} dense bf16)")
     e.add_argument("--shard", default=None, metavar="I/N",
-                   help="process only chunks c with c %% N == I, one process per GPU "
-                   "(default: every chunk)")
+                   help="encode only chunks c with c %% N == I (one process per GPU or array "
+                   "element; any N gives the chunks of one run); the consensus is run after "
+                   "every shard finished (default: every chunk)")
     e.add_argument("--consensus-out", metavar="DIR",
                    help="then run `aleph targets consensus` of the teachers into DIR "
                    "(default fit): captions to a trainable target directory in one command")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from aleph._signals import ignore_stops
+
 
 class _HelpWithFields(argparse.Action):
     """-h/--help that appends every config field (type, default, first line of its
@@ -95,15 +97,6 @@ def _train(args) -> int:
         try:
             return train(cfg, tracer, name=args.name, again=again_command(args))
         finally:
-            _ignore_stops()
+            ignore_stops()
     finally:
         tracer.close_window()
-
-
-def _ignore_stops() -> None:
-    """The launch has ended and recorded how: a SIGTERM/SIGINT still arriving (Slurm's second,
-    torchrun's forwarded ones) must not turn the exit status into a death by signal."""
-    import signal
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)

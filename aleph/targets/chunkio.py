@@ -115,8 +115,9 @@ class ChunkWriter:
         self._mm[index] = block.to(torch.float16).cpu().numpy()
 
     def discard(self) -> None:
-        """Drop the unfinished chunk: its partial file (this writer's own) is removed."""
-        del self._mm
+        """Drop the unfinished chunk: its partial file (this writer's own) is removed; a
+        chunk `commit` already renamed into place stays (it is complete)."""
+        self.__dict__.pop("_mm", None)  # commit may have unmapped it already
         try:
             os.unlink(self.partial)
         except FileNotFoundError:

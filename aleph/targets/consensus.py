@@ -14,7 +14,11 @@ is written). The pass:
    format), so OUT is a target directory `aleph targets build` and `targets=` read as is;
 5. writes `consensus.json` last: OUT is complete exactly when it exists.
 
-A killed pass resumes: `.consensus-state.json` records the fit (keyed on the inputs' path,
+Teacher directories of an extraction (its `extract-plan.json` in their parent) must hold
+every chunk of the plan: while a shard has not finished, the consensus is refused in one
+line naming the first missing chunk (`extract_plan.require_extracted`).
+
+A killed or stopped pass resumes: `.consensus-state.json` records the fit (keyed on the inputs' path,
 size and mtime and the options) and each finished chunk, which is never redone.
 
 Refused in one line: a fit whose memory (`procrustes.fit_memory`) exceeds what this process
@@ -43,9 +47,11 @@ from aleph._io import (
     sha256_file,
     sha256_json,
 )
+from aleph._signals import StopRequested
 from aleph.errors import StoreError
 from aleph.targets.budget import require_memory
 from aleph.targets.chunkio import BLOCK_ROWS, ChunkWriter, float_blocks, regular_chunks, take_rows
+from aleph.targets.extract_plan import require_extracted
 from aleph.targets.procrustes import GpaFit, GramAccumulator, fit_gpa, fit_memory
 from aleph.targets.sources import ChunkInfo, describe_sources
 from aleph.targets.writer import fault_point
@@ -79,6 +85,7 @@ def check_inputs(teacher_dirs: list[str]) -> Inputs:
     dirs = [os.path.realpath(d) for d in teacher_dirs]
     if len(set(dirs)) != len(dirs):
         raise StoreError(f"a teacher directory is given twice: {teacher_dirs}")
+    require_extracted(teacher_dirs)  # every shard of their extraction finished
     chunks, names = [], None
     for d in dirs:
         if not os.path.isdir(d):
@@ -177,8 +184,8 @@ def apply_chunk(inp: Inputs, c: int, maps: torch.Tensor, bias: torch.Tensor, out
             y = torch.nn.functional.normalize(x @ maps + bias, dim=1)  # (n, D), fp32 then fp16
             writer.write(start, y)
             fault_point("consensus-block", c)
-    except StoreError:
-        writer.discard()  # no chunk with a NaN row is ever published
+    except (StoreError, StopRequested):
+        writer.discard()  # no chunk with a NaN row is ever published, nor a stopped one
         raise
     writer.commit()
     return sha256_file(path)
@@ -306,3 +313,19 @@ def _result(inp: Inputs, state: dict, fit_rows: int, whiten: str, tol: float,
                        "then cast to float16",
                        "chunks": [{"name": n, "rows": r, "sha256": state["done"][n]}
                                   for n, r in zip(inp.names, inp.rows, strict=True)]}}
+
+
+def stop_summary(signame: str, out: Path) -> str:
+    """What a stopped consensus kept in OUT (read from its state file), for the stop line."""
+    state = out / STATE_FILE
+    if (out / RESULT_FILE).is_file():
+        return f"stopped by {signame} after it completed: {out} is complete"
+    if not state.is_file():
+        return (f"stopped by {signame} before its fit was saved: nothing in {out} is kept "
+                "(the fit starts again)")
+    try:
+        done = read_record(state, _STATE_FIELDS)["done"]
+    except StoreError:
+        return f"stopped by {signame}: {state} unreadable"
+    return (f"stopped by {signame}: the fit and {len(done)} finished chunk(s) in {out} kept "
+            "(a chunk being written is discarded, never counted)")

@@ -10,8 +10,19 @@ chunk so a batch pads little, rows put back in caption order), run the encoder (
 GPU, fp32 on CPU), mean-pool the last hidden state over the attention mask in fp32,
 L2-normalise, cast to fp16, write `OUT/<teacher>/chunk_<c:05d>.npy` atomically. A chunk
 file that exists is finished (it is only ever renamed into place complete) and is never
-redone; `extract-plan.json` pins the inputs and options a resumed run must match. With
-several GPUs the chunks are dealt out round robin, one process per GPU (`--shard I/N`).
+redone; `extract-plan.json` (aleph.targets.extract_plan) pins the inputs and options a
+resumed run must match; it is published once, by the first shard to get there.
+
+Shards: `--shard I/N` encodes the chunks c with c mod N == I (round robin: every shard gets
+full chunks and the short last one lands on one shard only); a shard that finds the chunks
+of every teacher in place writes `extract.json` and prints the consensus command. With
+several GPUs and no `--shard`, one shard process per GPU. The consensus is its own step,
+after every shard (`--consensus-out` only without `--shard`).
+
+Stops: any number of SIGTERM/SIGINT is one stop (aleph._signals.StopFlag, 'interrupt'
+mode): the chunk being written is discarded (its partial file removed), finished chunks are
+kept, one line says which and the command that resumes, and the exit status is 76
+(errors.EXIT_STOPPED).
 
 Every teacher directory (a local one, or a hub teacher's snapshot, fetched file by file
 through the checked listing and answers of `aleph._hub`) passes
@@ -25,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -33,9 +46,17 @@ from pathlib import Path
 
 import torch
 
-from aleph._io import atomic_write_json, read_json_bounded, short_repr
-from aleph.errors import AlephError, ConfigError, StoreError
+from aleph._io import atomic_write_json, short_repr
+from aleph._signals import StopFlag, StopRequested, ignore_stops
+from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, StoreError
 from aleph.targets.chunkio import ChunkWriter
+from aleph.targets.extract_plan import (
+    RESULT_FILE,
+    chunk_path,
+    missing_chunks,
+    n_chunks,
+    publish_plan,
+)
 from aleph.targets.teacher_dir import check_model_dir
 from aleph.targets.teachers import (
     ExtractOptions,
@@ -46,8 +67,6 @@ from aleph.targets.teachers import (
 )
 from aleph.targets.writer import fault_point
 
-PLAN_FILE = "extract-plan.json"
-RESULT_FILE = "extract.json"
 POOLING = "attention-masked mean of the last hidden state, fp32, then L2-normalised"
 NOT_TEACHER_ENV = ("the teacher models do not load in this environment ({why}); extraction "
                    "runs in the teacher set (lockfiles/teachers.txt): ./aleph-dev extract ..., "
@@ -62,9 +81,10 @@ def _shard(text: str | None) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise ConfigError(f"--shard {text!r}: expected I/N, e.g. 0/2") from None
+        raise ConfigError(f"--shard {text!r}: expected I/N, two integers with 0 <= I < N "
+                          "(e.g. 0/3, 1/3, 2/3)") from None
     if not (n >= 1 and 0 <= i < n):
-        raise ConfigError(f"--shard {text!r}: expected 0 <= I < N")
+        raise ConfigError(f"--shard {text!r}: expected I/N with 0 <= I < N (e.g. 0/3, 1/3, 2/3)")
     return i, n
 
 
@@ -168,14 +188,19 @@ def encode(tok, model, texts: list[str], max_length: int) -> torch.Tensor:
 
 def encode_chunk(tok, model, texts: list[str], opts: ExtractOptions, writer: ChunkWriter,
                  chunk: int, progress) -> None:
-    """Encode one chunk's captions in length-sorted batches into `writer`, caption order."""
+    """Encode one chunk's captions in length-sorted batches into `writer`, caption order;
+    on any exception (a stop included) the unfinished chunk's partial file is removed."""
     order = sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i))
-    for s in range(0, len(order), opts.batch_size):
-        idx = sorted(order[s:s + opts.batch_size])  # ascending rows: a sequential-ish write
-        writer.write_rows(idx, encode(tok, model, [texts[i] for i in idx], opts.max_length))
-        progress(len(idx))
-        fault_point("extract-batch", chunk)
-    writer.commit()
+    try:
+        for s in range(0, len(order), opts.batch_size):
+            idx = sorted(order[s:s + opts.batch_size])  # ascending rows: a sequential-ish write
+            writer.write_rows(idx, encode(tok, model, [texts[i] for i in idx], opts.max_length))
+            progress(len(idx))
+            fault_point("extract-batch", chunk)
+        writer.commit()
+    except BaseException:  # a stop (StopRequested) or an error: no partial file is left
+        writer.discard()
+        raise
 
 
 class Progress:
@@ -215,51 +240,88 @@ def _plan(captions: str, rows: int, records: list[dict], opts: ExtractOptions,
             "teachers": records}
 
 
-def _check_plan(out: Path, plan: dict) -> None:
-    """Write the plan on a fresh OUT; on a resume it must match (else nothing is touched)."""
-    path = out / PLAN_FILE
-    if path.is_file():
-        try:
-            old = read_json_bounded(path, 64 << 20)
-        except (OSError, ValueError) as e:
-            raise StoreError(f"{path}: unreadable plan ({getattr(e, 'strerror', None) or e}); "
-                             "use a new --out") from None
-        if not isinstance(old, dict):
-            raise StoreError(f"{path}: a JSON {type(old).__name__}, expected the plan object; "
-                             "use a new --out")
-        if old != plan:
-            diff = sorted(k for k in plan if old.get(k) != plan.get(k))
-            raise StoreError(f"{path}: the run in {out} used other inputs or options "
-                             f"({', '.join(diff)} differ); use a new --out or the same ones")
-        return
-    if out.exists() and any(out.iterdir()):
-        raise StoreError(f"{out}: not empty and holds no {PLAN_FILE}; choose a new --out")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, plan)
-
-
-def chunk_path(out: Path, slug: str, c: int) -> Path:
-    return out / slug / f"chunk_{c:05d}.npy"
+def command_line(captions: str, out: Path, teachers: str, opts: ExtractOptions,
+                 shard: str | None, consensus_out: str | None) -> list[str]:
+    """The `aleph targets extract` arguments of this run (a GPU's shard, the resume hint)."""
+    argv = ["targets", "extract", "--captions", captions, "--out", str(out), "--teachers",
+            teachers]
+    for k, v in dataclasses.asdict(opts).items():
+        if k not in ("shard", "estimate_only", "consensus_out"):
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+    argv += ["--shard", shard] if shard else []
+    return argv + (["--consensus-out", consensus_out] if consensus_out else [])
 
 
 def _spawn_shards(argv: list[str], n: int) -> int:
-    """One `--shard g/n` process per GPU (CUDA_VISIBLE_DEVICES=g); the worst exit code."""
+    """One `--shard g/n` process per GPU (CUDA_VISIBLE_DEVICES=g); the worst exit code. On a
+    stop each shard is sent one SIGTERM (`docker stop` signals only this process) and
+    waited for: each keeps its finished chunks and says so."""
     procs = [subprocess.Popen([sys.executable, "-m", "aleph", *argv, "--shard", f"{g}/{n}"],
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": str(g)})
              for g in range(n)]
-    return max(p.wait() for p in procs)
+    try:
+        return max(p.wait() for p in procs)
+    except StopRequested:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait()  # the StopFlag ignores further signals: this wait is not cut short
+        raise
 
 
 def run_extract(captions: str, out: str | os.PathLike, teachers: str,
                 opts: ExtractOptions, open_captions) -> int:
-    """The whole pass (module docstring); exit code. `open_captions(source, column)` is the
-    caption reader (aleph.data.captions.open_captions, passed in by the CLI: targets does not
-    import data, which reads target chunks for its alignment check)."""
+    """The whole pass (module docstring); exit code: 0, or errors.EXIT_STOPPED (76) after
+    any number of SIGTERM/SIGINT, with one line saying which chunks were kept and the
+    command that resumes (then further signals are ignored: the process is ending).
+    `open_captions(source, column)` is the caption reader
+    (aleph.data.captions.open_captions, passed in by the CLI: targets does not import
+    data, which reads target chunks for its alignment check)."""
+    where: dict = {"phase": "setup"}
+    stop = StopFlag("interrupt")  # one stop, raised wherever it lands; partials never count
+    try:
+        rc = _extract(captions, Path(out).absolute(), teachers, opts, open_captions, where)
+    except StopRequested as e:
+        again = shlex.join(["aleph", *command_line(captions, Path(out).absolute(), teachers,
+                                                   opts, opts.shard, opts.consensus_out)])
+        print(f"aleph targets extract: {stop_summary(e.signame, where)}; resume with: {again}",
+              flush=True)
+        ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
+        return EXIT_STOPPED
+    except BaseException:
+        stop.restore()
+        raise
+    stop.restore()
+    return rc
+
+
+def stop_summary(signame: str, where: dict) -> str:
+    """What a stop kept, read from the disk: the finished chunks of this process's share."""
+    if where["phase"] == "setup":
+        return f"stopped by {signame} before the plan was written: nothing was written"
+    if where["phase"] == "consensus":
+        from aleph.targets.consensus import stop_summary as consensus_kept
+
+        return f"every chunk extracted and kept; the consensus {consensus_kept(signame, where['consensus'])}"
+    out, mine = where["out"], where["mine"]
+    shard, shards = where["shard"]
+    scope = f"shard {shard}/{shards}" if shards > 1 else "this run"
+    kept = [f"{len(mine) - len(missing_chunks(out, where['plan'], slug, mine))} of {len(mine)} "
+            f"chunks of teacher {slug} complete" for slug in where["slugs"]]
+    return (f"stopped by {signame}: {scope}: {', '.join(kept)}, kept (a chunk being written "
+            "is discarded, never counted)")
+
+
+def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open_captions,
+             where: dict) -> int:
     if opts.max_length < 2 or opts.batch_size < 1 or opts.chunk_rows < 1:
         raise ConfigError("--max-length >= 2, --batch-size >= 1 and --chunk-rows >= 1 expected")
     shard, shards = _shard(opts.shard)
+    if shards > 1 and opts.consensus_out:
+        raise ConfigError("--consensus-out: not with --shard; run `aleph targets consensus` as "
+                          "its own step once every shard has finished")
     require_teacher_env()
-    out = Path(out).absolute()
     src = open_captions(captions, opts.column)
     rows = src.count_rows()
     if rows == 0:
@@ -281,21 +343,20 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
           file=sys.stderr, flush=True)
     if opts.estimate_only:
         return 0
-    _check_plan(out, plan)
+    publish_plan(out, plan)
+    total = math.ceil(rows / opts.chunk_rows)
     n_gpu = torch.cuda.device_count()
-    if opts.shard is None and n_gpu > 1:
-        argv = ["targets", "extract", "--captions", captions, "--out", str(out), "--teachers",
-                teachers, *[a for k, v in dataclasses.asdict(opts).items()
-                            if k not in ("shard", "estimate_only", "consensus_out")
-                            for a in (f"--{k.replace('_', '-')}", str(v))]]
-        rc = _spawn_shards(argv, n_gpu)
-        return rc or _finish(out, plan, specs, opts.consensus_out)
-    n_chunks = math.ceil(rows / opts.chunk_rows)
-    mine = [c for c in range(n_chunks) if c % shards == shard]
+    spawn = opts.shard is None and n_gpu > 1
+    mine = [c for c in range(total) if spawn or c % shards == shard]
+    where.update(phase="chunks", out=out, plan=plan, mine=mine, shard=(shard, shards),
+                 slugs=[s.slug for s in specs])
+    if spawn:
+        rc = _spawn_shards(command_line(captions, out, teachers, opts, None, None), n_gpu)
+        return rc or _finish(out, plan, specs, opts.consensus_out, where)
     todo = {c: [i for i, s in enumerate(specs) if not chunk_path(out, s.slug, c).is_file()]
             for c in mine}
     left = sum(min(opts.chunk_rows, rows - c * opts.chunk_rows) * len(t) for c, t in todo.items())
-    print(f"extract: {len(mine)} chunks of {n_chunks} in this process, "
+    print(f"extract: {len(mine)} chunks of {total} in this process, "
           f"{sum(len(t) == 0 for t in todo.values())} already done", file=sys.stderr)
     progress = Progress(left)
     models: dict[int, tuple] = {}
@@ -304,7 +365,7 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
     c, buf = 0, []
     for batch in src.batches():
         buf += batch
-        while len(buf) >= opts.chunk_rows or (buf and c == n_chunks - 1
+        while len(buf) >= opts.chunk_rows or (buf and c == total - 1
                                               and len(buf) == rows - c * opts.chunk_rows):
             texts, buf = buf[:opts.chunk_rows], buf[opts.chunk_rows:]
             for i in todo.get(c, []):
@@ -314,17 +375,25 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
                 writer = ChunkWriter(str(chunk_path(out, specs[i].slug, c)), len(texts), dim)
                 encode_chunk(*models[i], texts, opts, writer, c, progress)
             c += 1
-    if c != n_chunks:
-        raise StoreError(f"captions {captions}: read {c} chunks, expected {n_chunks} "
+    if c != total:
+        raise StoreError(f"captions {captions}: read {c} chunks, expected {total} "
                          f"({rows:,} rows counted): the source changed while being read")
-    return _finish(out, plan, specs, opts.consensus_out) if shards == 1 else 0
+    if shards == 1:
+        return _finish(out, plan, specs, opts.consensus_out, where)
+    missing = [p for s in specs for p in missing_chunks(out, plan, s.slug)]
+    if missing:  # other shards still running, or not yet started
+        print(f"{out}: shard {shard}/{shards} done: its {len(mine)} chunk(s) of every teacher "
+              f"in place; {len(missing)} chunk file(s) of other shards still missing (first "
+              f"{missing[0]}); the consensus runs once every shard has finished")
+        return 0
+    return _finish(out, plan, specs, None, where)
 
 
-def _finish(out: Path, plan: dict, specs: list[TeacherSpec], consensus_out: str | None) -> int:
+def _finish(out: Path, plan: dict, specs: list[TeacherSpec], consensus_out: str | None,
+            where: dict) -> int:
     """extract.json once every teacher has every chunk; the teachers' directories listed."""
-    n = math.ceil(plan["rows"] / plan["chunk_rows"])
-    missing = [str(chunk_path(out, s.slug, c)) for s in specs for c in range(n)
-               if not chunk_path(out, s.slug, c).is_file()]
+    n = n_chunks(plan)
+    missing = [p for s in specs for p in missing_chunks(out, plan, s.slug)]
     if missing:
         raise StoreError(f"{out}: {len(missing)} chunk(s) missing after the run, first {missing[0]}")
     atomic_write_json(out / RESULT_FILE, {**plan, "chunks": n,
@@ -336,6 +405,7 @@ def _finish(out: Path, plan: dict, specs: list[TeacherSpec], consensus_out: str 
         return 0
     from aleph.targets.consensus import run_consensus  # numpy/torch only
 
+    where.update(phase="consensus", consensus=Path(consensus_out).absolute())
     r = run_consensus(dirs, consensus_out)
     print(f"{consensus_out}: {r['rows']:,} x {r['dim']} float16 consensus targets of "
           f"{len(dirs)} teachers ({r['fit']['iterations']} sweeps)")

@@ -33,7 +33,8 @@ GOLDEN_CASES = {
     "smoke": ["--preset", "smoke", "--seeds", "0", "1", "--no-probes", "--python",
               "/opt/aleph/.venv/bin/python", "--partition", "normal", "--time", "00:10:00",
               "--signal-lead", "60", "--max-requeues", "2"],
-    # E1 on GPUs: two nodes of four ranks per run (srun-native), Apptainer, a secret by name.
+    # E1 on GPUs: two nodes of four ranks per run (srun-native), Apptainer, a secret by name,
+    # and the teacher extraction in 8 shards plus the consensus job before training.
     "e1": ["--preset", "e1", "--set", "captions=/shared/data/captions.parquet", "--set",
            "targets=/shared/data/targets", "--set", "device=cuda", "--tasks", "tiny",
            "--tasks-dir", str(STS), "--no-probes", "--gpus-per-task", "1", "--cpus-per-task",
@@ -41,7 +42,10 @@ GOLDEN_CASES = {
            "proj42", "--qos", "normal", "--time", "2-00:00:00", "--array-limit", "3",
            "--sbatch-line=--constraint=a40", "--container-exec",
            "apptainer exec --nv --bind /shared /shared/images/aleph-e1.sif", "--env",
-           "HF_TOKEN"],
+           "HF_TOKEN", "--extract-shards", "8", "--extract-python", "/opt/teachers/bin/python",
+           "--extract-args", "--captions /shared/data/captions.parquet --out "
+           "/shared/data/teachers", "--consensus-args", "--teachers /shared/data/teachers/"
+           "bert-base-uncased /shared/data/teachers/roberta-base --out /shared/data/targets"],
     # The same with `srun torchrun` (one agent per node) and pyxis.
     "e1-torchrun": ["--preset", "e1", "--set", "captions=/shared/data/captions.parquet",
                     "--set", "targets=/shared/data/targets", "--set", "device=cuda",

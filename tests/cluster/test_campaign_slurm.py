@@ -2,7 +2,8 @@
 
 Prints what the closing note quotes: the hostnames the elements ran on, the array and finish
 job ids, the trainer's stop and resume lines, and the final weights' sha256 beside those of
-an uninterrupted run.
+an uninterrupted run (trained here, not on the cluster, once per session: a 1-rank and a
+2-rank run, the latter serving both two-node layouts).
 
 A time limit hit mid-run, deterministically: the trainer pauses after step 3
 (ALEPH_TRAIN_PAUSE_AFTER_STEP; a resumed launch starts after step 3 and never pauses again),
@@ -10,6 +11,11 @@ then the test shortens the element's TimeLimit with `scontrol update` so that le
 signal lead is left: Slurm's own `--signal=TERM@LEAD` then stops it at its next timer tick.
 The limit is raised back once the element has requeued itself. The requeue hold is the
 harness's `cred_expire` (10 s + 1) instead of 121 s.
+
+The interrupted cases run two at a time so that they share these waits (TOGETHER): both
+two-node layouts at once (1 CPU per node each), then the one-node time limit on node2 beside
+the preemption on node1 (the high job takes node1 alone). Each case still asserts and prints
+only its own element's lines.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -36,7 +43,7 @@ PAUSE = 3
 LEAD = 120  # seconds: the element's --signal-lead (its --time is 10 minutes)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smoke_data(tmp_path_factory) -> Path:
     from aleph.data.smoke import ensure_smoke_data
 
@@ -106,25 +113,71 @@ def _quote(text: str, *needles: str) -> None:
             print(f"  {line.strip()}")
 
 
-@pytest.fixture(scope="module")
-def reference_one(tmp_path_factory, smoke_data) -> str:
-    """Final weights of an uninterrupted one-process run of the same config (trained here)."""
-    work = _work(tmp_path_factory.mktemp("ref"), smoke_data)
-    env = {**os.environ, "ALEPH_WORK": str(work), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.pop("ALEPH_TRAIN_PAUSE_AFTER_STEP", None)
-    subprocess.run([sys.executable, "-m", "aleph", "train", "--arm", "a2_dense", "--seed", "0",
-                    "--preset", "smoke", *RUN], cwd=REPO, env=env, check=True,
-                   capture_output=True, timeout=300)
-    return _weights(work)
+class _References:
+    """The uninterrupted runs every resumed run is compared with, trained here (not on the
+    cluster) and once per session: the weights do not depend on where a run ran, only on its
+    config and its number of ranks. Both start at once in the background; `sha(ranks)` waits
+    for one and returns its final weights' sha256."""
+
+    def __init__(self, base: Path, smoke: Path):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        for hook in ("ALEPH_TRAIN_PAUSE_AFTER_STEP", "ALEPH_TRAIN_PAUSE_IN_PREFLIGHT",
+                     "ALEPH_TRAIN_FAULT"):
+            env.pop(hook, None)
+        train = ["-m", "aleph", "train", "--arm", "a2_dense", "--seed", "0", "--preset", "smoke",
+                 *RUN]
+        with socket.socket() as s:  # a free port for the 2-rank run's c10d store
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        launch = {1: [sys.executable, *train],
+                  2: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                      "--master_addr", "127.0.0.1", "--master_port", str(port), *train]}
+        self.runs: dict[int, tuple[Path, subprocess.Popen]] = {}
+        for ranks, argv in launch.items():
+            work = _work(base, smoke)
+            with open(work / "reference.log", "wb") as log:
+                proc = subprocess.Popen(
+                    argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env={**env, "ALEPH_WORK": str(work),
+                                                   "PYTHONPATH": str(REPO),
+                                                   "OMP_NUM_THREADS": "1"})
+            self.runs[ranks] = (work, proc)
+
+    def sha(self, ranks: int) -> str:
+        work, proc = self.runs[ranks]
+        rc = proc.wait(timeout=300)
+        assert rc == 0, (f"the {ranks}-rank reference run exited {rc}:\n"
+                         f"{(work / 'reference.log').read_text(errors='replace')[-3000:]}")
+        return _weights(work)
+
+    def close(self) -> None:
+        for _, proc in self.runs.values():
+            if proc.poll() is None:
+                proc.terminate()  # torchrun forwards it to its workers
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def references(tmp_path_factory, smoke_data):
+    refs = _References(tmp_path_factory.mktemp("ref"), smoke_data)
+    try:
+        yield refs
+    finally:
+        refs.close()
 
 
 def test_smoke_campaign_is_an_array_over_both_nodes_then_the_finish_job(slurm, smoke_data):
     work = _work(slurm.work, smoke_data)
-    array, fin = _submit(slurm, work, "smoke", "--seeds", "0", "1", "--time", "10",
+    # Three one-CPU elements at once cannot fit on one node (2 CPUs): both nodes run some.
+    array, fin = _submit(slurm, work, "smoke", "--seeds", "0", "--time", "10",
                          "--signal-lead", "60")
     slurm.wait_state(fin, "COMPLETED", timeout=420)
     hosts = {}
-    for task in range(6):
+    for task in range(3):
         assert slurm.state(f"{array}_{task}") == "COMPLETED"
         text = _log(work, "smoke", array, task).read_text()
         hosts[task] = re.search(r"batch host (\S+)\)", text)[1]
@@ -134,7 +187,7 @@ def test_smoke_campaign_is_an_array_over_both_nodes_then_the_finish_job(slurm, s
     status = subprocess.run([sys.executable, "-m", "aleph", "campaign", "status", "smoke"],
                             cwd=REPO, env=_env(slurm, work), capture_output=True, text=True,
                             timeout=120)
-    assert status.returncode == 0 and status.stdout.count(" complete ") == 6, status.stdout
+    assert status.returncode == 0 and status.stdout.count(" complete ") == 3, status.stdout
     assert f"training array {array}, finish job {fin}" in status.stdout
     cdir = work / "campaigns" / "smoke"
     assert (cdir / "report").is_dir() and (cdir / "diff-matrix.md").is_file()
@@ -156,67 +209,127 @@ def _elapsed_s(fields: dict) -> int:
     return int(d or 0) * 86400 + h * 3600 + m * 60 + s
 
 
-def _stop_at_time_limit(slurm, work, name, array) -> str:
-    """Pause, then a time limit with less than the lead left; returns the element's log."""
-    element, log = f"{array}_0", _log(work, name, array, 0)
-    _wait_text(log, f"paused after step {PAUSE}", slurm, element)
-    minutes = _elapsed_s(slurm.job(element)) // 60 + 2  # 60-120 s left: under the lead
-    slurm.run(["scontrol", "update", f"JobId={element}", f"TimeLimit={minutes}"])
-    _wait_text(log, "requeueing this element alone", slurm, element, timeout=120)
-    slurm.run(["scontrol", "update", f"JobId={element}", "TimeLimit=10"])
-    slurm.wait_state(element, "COMPLETED", timeout=300)
-    return log.read_text()
+# Cases whose elements run at once, so that they share the waits (a timer tick, a requeue
+# hold): each two-node element takes 1 CPU per node (2 fit); the one-node time-limit element
+# is pinned to node2 and the preempted one to node1, whose high job then preempts it alone.
+TOGETHER = (("two nodes, srun torchrun", "two nodes, srun-native DDP"), ("one node", "preempt"))
+PINNED = {"one node": "node2", "preempt": "node1"}
+
+
+def _stop(slurm, elements: dict[str, tuple[str, Path]]) -> str | None:
+    """Pause each element (case -> (element, log)), then stop the time-limit cases' with a
+    time limit under the lead and the "preempt" case's with a high-partition job on its
+    node; returns the high job's id once it completed (None without a "preempt" case)."""
+    for element, log in elements.values():
+        _wait_text(log, f"paused after step {PAUSE}", slurm, element)
+    limited = {case: el for case, el in elements.items() if case != "preempt"}
+    for element, _ in limited.values():
+        minutes = _elapsed_s(slurm.job(element)) // 60 + 2  # 60-120 s left: under the lead
+        slurm.run(["scontrol", "update", f"JobId={element}", f"TimeLimit={minutes}"])
+    high = None
+    if "preempt" in elements:
+        node = slurm.job(elements["preempt"][0])["NodeList"]
+        high = slurm.submit("#!/bin/sh\nsleep 5\n", f"--partition={slurm.high_partition}",
+                            f"--nodelist={node}", "--exclusive",
+                            f"--output={slurm.work}/high-%j.out")
+    # Each limit is raised back as soon as its element requeued itself, within the 11 s
+    # requeue hold: a restart under the short limit would be stopped again.
+    waiting, deadline = dict(limited), time.monotonic() + 120
+    while waiting:
+        for case, (element, log) in list(waiting.items()):
+            if "requeueing this element alone" in log.read_text(errors="replace"):
+                slurm.run(["scontrol", "update", f"JobId={element}", "TimeLimit=10"])
+                del waiting[case]
+            elif time.monotonic() > deadline:
+                _wait_text(log, "requeueing this element alone", slurm, element, timeout=0)
+        time.sleep(0.3)
+    if high is not None:
+        slurm.wait_state(high, "COMPLETED", timeout=180)
+    for element, _ in elements.values():
+        slurm.wait_state(element, "COMPLETED", timeout=300)
+    return high
+
+
+class _Interrupted:
+    """Each case's element stopped mid-run (a time limit, or "preempt": preemption),
+    requeued and resumed; the cases of one TOGETHER group are submitted and driven at once,
+    by the first test that asks for one of them (the `slurm` fixture cancels leftovers only
+    after that test)."""
+
+    def __init__(self, slurm, smoke: Path):
+        self.slurm, self.smoke = slurm, smoke
+        self.done: dict[str, dict | BaseException] = {}
+
+    def get(self, case: str) -> dict:
+        """{"element", "work", "text", "node", "high"} of `case`'s resumed run."""
+        if case not in self.done:
+            group = next(g for g in TOGETHER if case in g)
+            try:
+                self._run(group)
+            except BaseException as e:
+                self.done.update((c, e) for c in group)
+                raise
+        got = self.done[case]
+        if isinstance(got, BaseException):
+            raise AssertionError(f"{case}: its group failed earlier: {got}")
+        return got
+
+    def _run(self, group: tuple[str, ...]) -> None:
+        submitted = {}
+        for case in group:
+            work = _work(self.slurm.work, self.smoke)
+            extra = ["--arms", "a2_dense", "--seeds", "0", "--time", "10", "--signal-lead",
+                     str(LEAD), *LAYOUTS.get(case, [])]
+            if case != "preempt":
+                extra += ["--max-requeues", "2"]
+            if case in PINNED:
+                extra.append(f"--sbatch-line=--nodelist={PINNED[case]}")
+            name = "preempt" if case == "preempt" else "limit"
+            array, _ = _submit(self.slurm, work, name, *extra,
+                               ALEPH_TRAIN_PAUSE_AFTER_STEP=str(PAUSE))
+            submitted[case] = (f"{array}_0", work, _log(work, name, array, 0))
+        high = _stop(self.slurm, {c: (e, log) for c, (e, _, log) in submitted.items()})
+        for case, (element, work, log) in submitted.items():
+            self.done[case] = {"element": element, "work": work, "text": log.read_text(),
+                               "node": self.slurm.job(element)["NodeList"], "high": high}
+
+
+@pytest.fixture(scope="module")
+def interrupted(slurm_cluster, smoke_data):
+    return _Interrupted(slurm_cluster, smoke_data)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, smoke_data, layout,
-                                                                reference_one):
-    work, name = _work(slurm.work, smoke_data), "limit"
-    extra = ["--arms", "a2_dense", "--seeds", "0", "--time", "10", "--signal-lead", str(LEAD),
-             "--max-requeues", "2", *LAYOUTS[layout]]
-    array, _ = _submit(slurm, work, name, *extra, ALEPH_TRAIN_PAUSE_AFTER_STEP=str(PAUSE))
-    ref_work = None
-    if layout != "one node":  # the same layout uninterrupted, beside it (4 CPUs in all)
-        ref_work = _work(slurm.work, smoke_data)
-        ref_array, _ = _submit(slurm, ref_work, "ref", *extra)
-    text = _stop_at_time_limit(slurm, work, name, array)
-    print(f"{layout}: element {array}_0")
+def test_time_limit_mid_run_stops_requeues_and_resumes_bitwise(slurm, layout, interrupted,
+                                                                references):
+    run = interrupted.get(layout)
+    text = run["text"]
+    print(f"{layout}: element {run['element']} on {run['node']}")
     _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step", "resume state saved",
            "a2_dense-s0: stopped (")
     assert f"stopped by SIGTERM after step {PAUSE}" in text
     assert f"resume: step {PAUSE}," in text
     assert "requeues so far 1 (limit 2)" in text
-    if ref_work is None:
-        reference = reference_one
-    else:
-        slurm.wait_state(f"{ref_array}_0", "COMPLETED", timeout=300)
-        reference = _weights(ref_work)
-    got = _weights(work)
+    # Both two-node layouts are 2 ranks: one uninterrupted 2-rank run serves them both.
+    reference = references.sha(1 if layout == "one node" else 2)
+    got = _weights(run["work"])
     print(f"{layout}: final weights sha256 {got} (resumed) vs {reference} (uninterrupted): "
           f"{'bitwise equal' if got == reference else 'DIFFERENT'}")
     assert got == reference
 
 
-def test_preemption_by_the_high_partition_stops_requeues_and_resumes(slurm, smoke_data,
-                                                                     reference_one):
-    work, name = _work(slurm.work, smoke_data), "preempt"
-    array, _ = _submit(slurm, work, name, "--arms", "a2_dense", "--seeds", "0", "--time", "10",
-                       "--signal-lead", str(LEAD), ALEPH_TRAIN_PAUSE_AFTER_STEP=str(PAUSE))
-    element, log = f"{array}_0", _log(work, name, array, 0)
-    _wait_text(log, f"paused after step {PAUSE}", slurm, element)
-    node = slurm.job(element)["NodeList"]
-    high = slurm.submit("#!/bin/sh\nsleep 5\n", f"--partition={slurm.high_partition}",
-                        f"--nodelist={node}", "--exclusive", f"--output={slurm.work}/high-%j.out")
-    print(f"preemption: job {high} on partition {slurm.high_partition} takes {node} from "
-          f"element {element}")
-    slurm.wait_state(high, "COMPLETED", timeout=180)
-    slurm.wait_state(element, "COMPLETED", timeout=300)
-    text = log.read_text()
+def test_preemption_by_the_high_partition_stops_requeues_and_resumes(slurm, interrupted,
+                                                                     references):
+    run = interrupted.get("preempt")
+    text, element = run["text"], run["element"]
+    print(f"preemption: job {run['high']} on partition {slurm.high_partition} takes "
+          f"{run['node']} from element {element}")
     _quote(text, "aleph-slurm:", "stopped by SIG", "resume: step")
     assert f"stopped by SIGTERM after step {PAUSE}" in text and f"resume: step {PAUSE}," in text
     assert "requeues so far 1 (limit 3)" in text
-    assert _weights(work) == reference_one
-    print(f"preemption: final weights bitwise equal to the uninterrupted run ({reference_one})")
+    reference = references.sha(1)
+    assert _weights(run["work"]) == reference
+    print(f"preemption: final weights bitwise equal to the uninterrupted run ({reference})")
 
 
 def test_the_run_lock_excludes_across_nodes(slurm):
