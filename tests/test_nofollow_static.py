@@ -35,12 +35,6 @@ WRITE_MODE = set("wax+")
 EXEMPT = "# nofollow-ok:"
 
 PENDING = {
-    ("aleph/targets/build_streaming.py", "os.open(partial, os.O_RDWR)"),
-    ("aleph/targets/chunkio.py", "open(self.partial, 'wb')"),
-    ("aleph/targets/chunkio.py", "open(src, 'wb')"),
-    ("aleph/targets/lock.py", "os.open(path, os.O_RDWR | os.O_CREAT, 420)"),
-    ("aleph/targets/writer.py", "open(os.environ['ALEPH_TARGETS_FAULT_FILE'], 'w')"),
-    ("aleph/targets/writer.py", "os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 420)"),
     ("aleph/train/identity.py", "open(self.path, 'a', encoding='utf-8', buffering=1)"),
 }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from aleph._io import atomic_write_json, fsync_dir, read_json
+from aleph._io import atomic_write_json, fsync_dir, open_write_nofollow, read_json
 from aleph.errors import StoreError
 from aleph.targets.finalize import finalize, layout, make_manifest
 from aleph.targets.format import DATA_FILE, DTYPES, MANIFEST_FILE, PARTIAL_FILE, PROGRESS_FILE
@@ -69,7 +69,7 @@ def build_streaming(store_dir: Path, infos: list[ChunkInfo], fingerprint: str,
         progress.unlink(missing_ok=True)
         fd, done = preallocate(str(partial), header["total_bytes"]), []
     else:
-        fd = os.open(partial, os.O_RDWR)
+        fd = open_write_nofollow(partial)  # a planted link or FIFO: refused
         done = _verified_prefix(fd, str(partial), chunks, done, row_bytes)
     try:
         # chunks recorded by an interrupted "warn" build are not re-scanned: a resume

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from aleph._io import fsync_dir
+from aleph._io import fsync_dir, open_write_nofollow
 from aleph.errors import StoreError
 from aleph.targets.sources import SUFFIXES, ChunkInfo, chunk_files_in, open_chunk
 
@@ -99,7 +99,7 @@ class ChunkWriter:
                                                  shape=(rows, dim))
             return
         head = _safetensors_header(rows, dim) if self.suffix == ".safetensors" else b""
-        with open(self.partial, "wb") as f:
+        with os.fdopen(open_write_nofollow(self.partial, truncate=True), "wb") as f:
             f.write(head)
             f.truncate(len(head) + rows * dim * 2)
         # .pt: the rows go to this raw file first, then torch.save streams them out of it
@@ -129,7 +129,7 @@ class ChunkWriter:
         src = self.partial
         if self.suffix == ".pt":
             src = self.partial + ".save"  # no chunk suffix: never listed as a chunk
-            with open(src, "wb") as f:
+            with os.fdopen(open_write_nofollow(src, truncate=True), "wb") as f:
                 torch.save(torch.from_numpy(self._mm), f)  # reads the mapped pages, no copy
                 f.flush()
                 os.fsync(f.fileno())

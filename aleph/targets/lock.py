@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from aleph._io import open_write_nofollow
 from aleph.errors import StoreError
 from aleph.targets.format import LOCK_FILE
 
@@ -34,7 +35,7 @@ def build_lock(store_dir: Path, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> It
     """Hold the exclusive build lock of `store_dir` (waiting up to `timeout_s`)."""
     path = Path(store_dir) / LOCK_FILE
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_write_nofollow(path, mode=0o644)
     except OSError as e:
         raise StoreError(f"{path}: cannot create the build lock ({e.strerror}); "
                          "the store directory must be writable") from None

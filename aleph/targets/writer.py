@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aleph._io import DISK_FULL_ERRNOS, check_free_space, free_bytes
+from aleph._io import DISK_FULL_ERRNOS, check_free_space, free_bytes, open_write_nofollow
 from aleph.errors import StoreError
 from aleph.targets.format import DTYPES
 
@@ -45,7 +45,7 @@ def fault_point(name: str, index: int = 0) -> None:
     """
     if os.environ.get("ALEPH_TARGETS_FAULT") != f"{name}:{index}":
         return
-    with open(os.environ["ALEPH_TARGETS_FAULT_FILE"], "w") as f:
+    with open(os.environ["ALEPH_TARGETS_FAULT_FILE"], "w") as f:  # nofollow-ok: a test hook's own marker
         f.write(str(os.getpid()))
     while True:
         time.sleep(60)
@@ -75,7 +75,7 @@ def preallocate(path: str, nbytes: int) -> int:
     except OSError:
         held = 0
     check_free_space(path, nbytes - min(held, nbytes), "the target store's data file")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_write_nofollow(path, truncate=True, mode=0o644)
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as e:
