@@ -334,8 +334,8 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
                      ref_a.envelope if ref_a else None, ref_b.envelope if ref_b else None)
     xa, xb = (ref_a.execution if ref_a else None), (ref_b.execution if ref_b else None)
     compare_execution(lambda level, text: d.add("execution", level, text), xa, xb)
-    code_a = ref_a.code if ref_a else rundir.manifest_code(ma)
-    code_b = ref_b.code if ref_b else rundir.manifest_code(mb)
+    code_a = ref_a.code if ref_a else {}
+    code_b = ref_b.code if ref_b else {}
     compare_code(d, code_a, code_b, repo, la, lb, run_a, run_b)
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         _within_run(d, who, run, m, repo)

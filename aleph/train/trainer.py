@@ -314,7 +314,7 @@ def record_data(run_dir: Path, manifest: outputs.Manifest, sources: preflight.So
 def resume(path: Path, cfg: TrainConfig, world: World, device: torch.device,
            model: torch.nn.Module, opt, sched, log) -> ckpt.Position:
     """Load a complete state into model/opt/sched and restore this rank's RNG streams."""
-    pos, rngs, _ = ckpt.load(path, model, opt, sched, log)
+    pos, rngs, _ = ckpt.load(path, model, opt, sched)
     if len(rngs) == world.size:
         ckpt.set_rng_state(rngs[world.rank], device, ckpt.stream_seed(cfg.seed, world.rank, pos.step))
     else:

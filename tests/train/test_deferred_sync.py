@@ -125,8 +125,9 @@ def test_a_deferred_launch_logs_saves_and_ends_like_a_checked_first_one(train_wo
     final weights; the deferred launch says it deferred."""
     from aleph.model.io import load_model
     from aleph.train import trainer as trainer_mod
+    from aleph.train.identity import run_dir_for
     from aleph.train.optim import make_optimizer
-    from aleph.train.run import run_dir_for, train
+    from aleph.train.run import train
     from tests.train.conftest import SMOKE_ROWS, tb_scalars
 
     def fused(model, cfg):

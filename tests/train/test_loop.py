@@ -8,6 +8,7 @@ import torch
 
 from aleph.errors import AlephError, NonFiniteError
 from aleph.model import ModelConfig, build_model
+from aleph.record.layout import RunLayout
 from aleph.train import checkpoint as ckpt
 from aleph.train.config import resolve
 from aleph.train.distributed import World
@@ -76,8 +77,8 @@ def test_only_complete_checkpoints_count_and_two_are_kept(tmp_path):
     for step in (3, 6, 9):
         pos = ckpt.Position(step, 0, step, step * 4, 1.0)
         ckpt.save(tmp_path, model, opt, sched, pos, [ckpt.rng_state()], "h", keep=2)
-    assert [p.name for p in ckpt.complete_steps(tmp_path)] == ["step-00000006", "step-00000009"]
-    torn = ckpt.step_dir(tmp_path, 12)
+    assert [p.name for p in RunLayout(tmp_path).complete_states()] == ["step-00000006", "step-00000009"]
+    torn = RunLayout(tmp_path).state_dir(12)
     torn.mkdir()
     (torn / "meta.json").write_text("{}")  # a killed save: no COMPLETE marker
     path, meta = ckpt.latest(tmp_path)

@@ -198,7 +198,8 @@ def test_a_failed_store_prefault_is_logged_and_training_goes_on(train_work, monk
     target sources raises), the launch logs why and trains; the gathers read the store."""
     from aleph.train import prefetch as pf
     from aleph.train.config import resolve
-    from aleph.train.run import run_dir_for, train
+    from aleph.train.identity import run_dir_for
+    from aleph.train.run import train
     from tests.train.conftest import SMOKE_ROWS
 
     def unreadable(store, sources, headroom):
