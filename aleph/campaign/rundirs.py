@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from aleph._io import read_json, sha256_file
-from aleph.errors import ConfigError
+from aleph.errors import ConfigError, StoreError
 from aleph.record import layout
 from aleph.record.launch import COMPLETE, FAILED, STOPPED
 from aleph.record.layout import RunLayout
@@ -57,7 +57,9 @@ def config_conflict(rd: Path, cfg) -> str | None:
     except (OSError, json.JSONDecodeError) as e:
         return f"{path}: unreadable ({e})"
     try:
-        check_same_run(saved, cfg)
+        check_same_run(layout.config_fields(path, saved), cfg)
+    except StoreError as e:  # another format version: one line naming the file
+        return str(e)
     except ConfigError as e:
         return f"{rd} is complete with another config: {e}"
     return None

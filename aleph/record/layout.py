@@ -89,6 +89,13 @@ def check_version(path: Path, doc: Any) -> Any:
     return doc
 
 
+def config_fields(path: Path, doc: Any) -> dict[str, Any]:
+    """The fields of a run's config.json (`doc`): its format_version checked, then dropped."""
+    fields = dict(check_version(path, doc))
+    del fields["format_version"]
+    return fields
+
+
 def _is_real_dir(path: Path) -> bool:
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)

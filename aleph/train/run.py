@@ -25,7 +25,7 @@ from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost, RunLoc
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
 from aleph.record.launch import choose_action
-from aleph.record.layout import FORMAT_VERSION, RunLayout, check_version
+from aleph.record.layout import FORMAT_VERSION, RunLayout, config_fields
 from aleph.train import outputs, preflight
 from aleph.train.config import TrainConfig, check_same_run, to_dict
 from aleph.train.distributed import World, check_divisible, init_world
@@ -255,8 +255,7 @@ def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:
         except ValueError as e:
             raise ConfigError(f"{run.config}: unreadable ({e}); it was written atomically, so it "
                               "was edited by hand: restore it or remove the run directory") from e
-        saved = dict(check_version(run.config, saved))
-        del saved["format_version"]
+        saved = config_fields(run.config, saved)
         try:
             check_same_run(saved, cfg)
             return
