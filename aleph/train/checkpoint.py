@@ -55,7 +55,7 @@ from aleph._io import (
     read_json,
     sha256_file,
 )
-from aleph.errors import QuotaError
+from aleph.errors import QuotaError, StoreError
 from aleph.record import layout
 from aleph.record.layout import COMPLETE, CORRUPT_TAG, FORMAT_VERSION, RunLayout
 from aleph.train.optim import device_flags, restore_device_flags
@@ -340,6 +340,13 @@ def load(path: Path, model: torch.nn.Module, optimizer,
     meta = layout.check_version(path / "meta.json", read_json(path / "meta.json"))
     trainer = load_trainer_state(path)  # before anything is changed in the model
     state = safetensors.torch.load_file(str(path / "model.safetensors"))
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    if missing or unexpected or bad:  # e.g. weights of another layout of the model
+        raise StoreError(f"{path / 'model.safetensors'}: does not match the model this config "
+                         f"builds: missing {missing[:3]}, unexpected {unexpected[:3]}, wrong "
+                         f"shape {bad[:3]}")
     model.load_state_dict(state, strict=True)
     built = device_flags(optimizer)
     optimizer.load_state_dict(trainer["optimizer"])
