@@ -16,9 +16,9 @@ class _HelpWithFields(argparse.Action):
         super().__init__(option_strings, dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from aleph.train.config_text import fields_help
+        from aleph.train.config import help_text
 
-        parser.epilog = fields_help()
+        parser.epilog = help_text()
         parser.print_help()
         parser.exit()
 

@@ -226,8 +226,10 @@ def test_every_float_field_given_as_an_int_becomes_a_float(tmp_path):
 
 def test_help_lists_every_field_with_type_and_default(capsys):
     """`aleph train --help` documents each config field: name, type, default, first line."""
+    import typing
     from dataclasses import fields
 
+    from aleph._fields import type_text
     from aleph.cli import main
     from aleph.train.config import TrainConfig
     from aleph.train.config_text import field_docs
@@ -236,11 +238,13 @@ def test_help_lists_every_field_with_type_and_default(capsys):
         main(["train", "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    docs = field_docs()
+    docs, hints = field_docs(TrainConfig), typing.get_type_hints(TrainConfig)
     for f in fields(TrainConfig):
-        assert f"  {f.name} ({f.type}) = {f.default!r}" in out, f.name
+        assert f"  {f.name} ({type_text(hints[f.name])}) = {f.default!r}" in out, f.name
         assert docs[f.name].split(". ")[0][:40] in out, f.name  # its docstring's first line
     assert "  warmup_steps (int) = 2000 [smoke: 20]" in out  # the smoke preset's value beside it
+    assert "  arm (one of a1_anchored, a2_dense, a3_random) = 'a2_dense'" in out
+    assert "  alloc_cap_fraction (float | None) = None" in out
     assert "--name NAME" in out
 
 
