@@ -6,21 +6,12 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
+from aleph.env.hostinfo import pick_device
 from aleph.errors import DataError
 from aleph.eval import rundir
 from aleph.eval.evaluate import DEFAULT_PROBE_BATCH, evaluate_model, record
 from aleph.eval.probe_data import DEFAULT_ROWS, resolve_probe
 from aleph.eval.tasks import load_tasks, parse_task_names
-
-
-def pick_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise DataError("--device cuda: no CUDA device is visible")
-    return name
 
 
 def weights_step(run_dir: Path, weights_dir: Path) -> int:
@@ -84,7 +75,7 @@ def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str |
         raise DataError(f"{tok_dir}: missing (a run directory keeps the tokenizer it trained with)")
     tasks = load_tasks(task_names or default_tasks(config), tasks_dir)  # before the model: fail fast on bad task data
     probe = resolve_probe(config, probe_captions, probe_targets, probe_rows) if probes else None
-    dev = pick_device(device)
+    dev = str(pick_device(device, "--device"))
     model = load_model(wdir, device=dev)
     tokenizer = load_tokenizer(tok_dir)
     max_len = config.get("max_len", model.config.max_len)

@@ -13,7 +13,7 @@ from aleph.train import checkpoint as ckpt
 from aleph.train.config import resolve
 from aleph.train.distributed import World
 from aleph.train.optim import lr_factor, make_optimizer
-from aleph.train.prefetch import DataOrder
+from aleph.train.order import DataOrder
 from aleph.train.step import train_step
 from aleph.train.trainer import step_trainer
 from tests.train.conftest import tiny_trainer
@@ -274,7 +274,7 @@ def test_position_advances_across_epochs_and_resumes_on_the_right_rows():
     pos, seen = ckpt.Position(0, 0, 0, 0), {0: [], 1: []}
     for _ in range(8):
         seen[pos.epoch].append(order.indices(pos.epoch, pos.batch_in_epoch, World()))
-        pos = advance(pos, order.steps_per_epoch, 16, 0.0)
+        pos = advance(pos, order, 0.0)
         if pos.step == 4:  # the state a resume after epoch 0 starts from
             assert (pos.epoch, pos.batch_in_epoch, pos.samples_seen) == (1, 0, 64)
     assert (pos.step, pos.epoch, pos.batch_in_epoch, pos.samples_seen) == (8, 2, 0, 128)
@@ -358,7 +358,8 @@ def test_a_training_step_synchronises_with_the_host_once(arm):
     with SyncCounter(s["step"] for s in t.opt.state.values()) as sync:
         res = train_step(t, (ids, mask, good))
     assert sync.calls == ["tolist"]
-    assert all(isinstance(v, float) for v in (res.loss, res.nce, res.mse, res.grad_norm))
+    assert list(res.values) == ["loss", "nce", "mse", "grad_norm"]
+    assert all(isinstance(v, float) for v in res.values.values())
     with SyncCounter() as probe:  # the counter itself sees what it is meant to see
         torch.ones(2).sum().item()
         bool(torch.ones(2).any())
@@ -390,7 +391,7 @@ def test_ranks_agree_on_stop_and_timed_save_every_16_steps_not_every_step():
             t = step_trainer(cfg, tiny_trainer()[1], 32, world)
             for step in range(1, 33):
                 t.pos, t.total_steps = ckpt.Position(step, 0, step, 0), step  # last: no save
-                saved, stopping, _ = after_step(t, stop, Clock(0.0))
+                saved, stopping = after_step(t, stop, Clock(0.0), lambda: None, False)
                 if stopping:
                     agreed.append(step)
         finally:
