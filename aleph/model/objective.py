@@ -8,14 +8,12 @@ import torch.nn.functional as F
 
 from aleph.errors import ConfigError
 
-DEFAULT_WEIGHTS = {"nce": 1.0, "mse": 1.0}
-
 
 def distill_loss(student: torch.Tensor, target: torch.Tensor, tau: float = 0.07,
                  weights: dict[str, float] | None = None
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """total = sum of weights[name] * term over the named terms, with the terms returned
-    (undetached, in this order: the trainer logs each as train/<name>).
+    """total = sum of weights[name] * term over the named terms (weights None: 1 each), with
+    the terms returned (undetached, in this order: the trainer logs each as train/<name>).
 
     student (B, D): the encoder's unit embeddings. target (B, D): the teacher targets
     (fp16 on disk). Both are cast to float32 (the B x B logits are precision-sensitive
@@ -32,7 +30,6 @@ def distill_loss(student: torch.Tensor, target: torch.Tensor, tau: float = 0.07,
             f"distill_loss: student {tuple(student.shape)} and target {tuple(target.shape)} "
             "must both be (B, D) with the same D (check ModelConfig.out_dim against the "
             "target store's dim)")
-    weights = DEFAULT_WEIGHTS if weights is None else weights
     s = F.normalize(student.float(), dim=-1)  # (B, D)
     t = F.normalize(target.float(), dim=-1)  # (B, D)
     logits = s @ t.T / tau  # (B, B)
@@ -41,6 +38,7 @@ def distill_loss(student: torch.Tensor, target: torch.Tensor, tau: float = 0.07,
         "nce": 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)),
         "mse": F.mse_loss(s, t),
     }
+    weights = dict.fromkeys(terms, 1.0) if weights is None else weights
     if set(weights) != set(terms):  # a term without its weight field, or a weight without its term
         raise ConfigError(f"distill_loss: weights for {sorted(weights)}, terms {sorted(terms)}")
     weighted = [weights[name] * value for name, value in terms.items()]
