@@ -13,26 +13,23 @@ import math
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any, Literal, Union
+from dataclasses import fields
+from typing import Any, Literal, NamedTuple, Union
 
 from aleph._io import short_repr
 from aleph.errors import ConfigError
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
+    """A value rule: test(value, config) -> True when acceptable (other fields may be read);
+    `expected` names what is expected in the error line: `{name}` placeholders read the
+    config's fields (or a function of the config)."""
+
     test: Callable[[Any, Any], bool]
-    """test(value, config) -> True when the value is acceptable (other fields may be read)."""
     expected: str | Callable[[Any], str]
-    """What is expected, for the error line: `{name}` placeholders read the config's fields
-    (or a function of the config)."""
 
 
-def rule(test: Callable[[Any, Any], bool], expected: str | Callable[[Any], str]) -> Rule:
-    return Rule(test, expected)
-
-
+rule = Rule
 POSITIVE_INT = rule(lambda v, c: v > 0, "a positive integer")
 POSITIVE = rule(lambda v, c: v > 0, "a positive number")
 AT_LEAST_0 = rule(lambda v, c: v >= 0, "a number >= 0")
@@ -90,13 +87,14 @@ def type_ok(tp: Any, value: Any) -> bool:
 
 def type_text(tp: Any) -> str:
     """The annotation as a reader would write it; a Literal as "one of a, b, c"."""
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) in (Union, types.UnionType):
-        return " | ".join(type_text(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) is tuple:
-        return f"tuple[{', '.join('...' if a is Ellipsis else type_text(a) for a in typing.get_args(tp))}]"
-    return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, args))
+    if origin in (Union, types.UnionType):
+        return " | ".join(map(type_text, args))
+    if origin is tuple:
+        return f"tuple[{', '.join('...' if a is Ellipsis else type_text(a) for a in args)}]"
+    return "None" if tp is type(None) else tp.__name__
 
 
 def accepts(tp: Any, kind: type) -> bool:
