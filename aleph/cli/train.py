@@ -1,4 +1,4 @@
-"""`aleph train`: resolve the config (failing before any work), then hand over to aleph.train."""
+"""`aleph train`: its arguments, handed to aleph.train.command (tracer, config, launch)."""
 
 from __future__ import annotations
 
@@ -72,38 +72,7 @@ def again_command(args) -> str:
 
 
 def _train(args) -> int:
-    import json
+    from aleph.train.command import train_command
 
-    from aleph.record.fingerprint import Tracer, preimport
-
-    # The executed-code record of the launch starts here, before the config is resolved;
-    # the third-party libraries are imported first, untraced (their import is not ours).
-    preimport()
-    tracer = Tracer().start()
-    try:
-        from aleph.train.config import resolve, to_dict
-        from aleph.train.identity import check_run_name
-
-        if args.name is not None:
-            check_run_name(args.name)  # before any work, like a bad config field
-        cfg = resolve(args.preset, args.config, args.overrides, arm=args.arm, seed=args.seed)
-        if args.print_config:
-            print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
-            return 0
-        from aleph.train.run import train
-
-        try:
-            return train(cfg, tracer, name=args.name, again=again_command(args))
-        finally:
-            _ignore_stops()
-    finally:
-        tracer.close_window()
-
-
-def _ignore_stops() -> None:
-    """The launch has ended and recorded how: a SIGTERM/SIGINT still arriving (Slurm's second,
-    torchrun's forwarded ones) must not turn the exit status into a death by signal."""
-    import signal
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
+    return train_command(args.preset, args.config, args.overrides, args.arm, args.seed,
+                         args.name, args.print_config, again=lambda: again_command(args))
