@@ -40,10 +40,6 @@ Both schemes draw the anchors the same way: normalised Gaussian rows, with a fro
 ("home") that anchor drift is measured against.
 """
 
-INIT_BEFORE_FIELD = "normal_0.02"
-"""The init of every model and run config written before the `init` field existed."""
-
-
 # A shape field's facts as a run config reads them (aleph.train.config.knob): the shape
 # defines what a run computes (basis) and cannot change between its launches.
 _SHAPE_FACTS = {"resumable": False, "basis": True, "secret": False}
@@ -78,7 +74,7 @@ class ModelShape:
     """Temperature of the signed aleph address score u = cos(x, anchor) / tau (E1: 0.1)."""
     gate_init: float = shape(-3.0)
     """Initial value of each expert's gate logit g_k (sigmoid(-3) ~ 0.047)."""
-    init: Init = shape("e1_orthogonal", added=INIT_BEFORE_FIELD)
+    init: Init = shape("e1_orthogonal")
     """Weight init scheme, one of INIT_SCHEMES: "e1_orthogonal" (orthogonal matrices, the
     public E1-form bank's init, our choice for a2's FFN and the attention; see INIT_SCHEMES)
     or "normal_0.02" (BERT-style normal(0, 0.02) everywhere, this project's former init)."""
@@ -122,18 +118,15 @@ class ModelConfig(ModelShape):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "model config") -> ModelConfig:
-        """Build from a dict; an unknown key is a ConfigError naming it and `source`.
-
-        A dict without `init` was written before that field existed: its weights started
-        as INIT_BEFORE_FIELD, and that is what the rebuilt config says.
-        """
+        """Build from a dict; an unknown key, or a missing arm, vocab_size or init (a
+        model_config.json of an earlier format), is a ConfigError naming it and `source`."""
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown field(s) {unknown}; known: {sorted(known)}")
-        missing = sorted(k for k in ("arm", "vocab_size") if k not in data)
+        missing = sorted(k for k in ("arm", "vocab_size", "init") if k not in data)
         if missing:
             raise ConfigError(f"{source}: missing required field(s) {missing}")
-        return cls(**{"init": INIT_BEFORE_FIELD, **data})
+        return cls(**data)

@@ -23,21 +23,17 @@ from aleph.sync.dest import check_spec
 from aleph.train.config_text import coerce, fields_help, load_file, parse_override, with_suggestion
 
 REDACTED = "<redacted>"
-_NOT_ADDED = object()
 
 
-def knob(default: Any, *checks: Rule, resumable: bool, basis: bool, added: Any = _NOT_ADDED,
-         secret: bool = False, term: str | None = None):
+def knob(default: Any, *checks: Rule, resumable: bool, basis: bool, secret: bool = False,
+         term: str | None = None):
     """A TrainConfig field with its value rules (`checks`, aleph._fields) and its facts,
     declared where the field is:
     resumable: may change between launches of one run (check_same_run lets it);
     basis: defines which runs compare (`aleph report`: equal values, arm and seed aside);
-    added: the value a config.json written before the field existed ran with;
     secret: never written to a file, log or echo;
     term: the field is the weight of this term of the objective (aleph.model.objective)."""
     facts = {"resumable": resumable, "basis": basis, "secret": secret, "checks": checks}
-    if added is not _NOT_ADDED:
-        facts["added"] = added
     if term is not None:
         facts["term"] = term
     return field(default=default, metadata=facts)
@@ -79,7 +75,7 @@ class TrainConfig(ModelShape):
     """Field (JSON/JSONL), column (parquet) or dataset column holding the caption text."""
     targets: tuple[str, ...] = knob((), resumable=False, basis=False)
     """Target sources: the chunk files (or one directory of them) of the 768-d teacher consensus."""
-    target_dim: int = knob(0, AT_LEAST_0, resumable=False, basis=True, added=0)
+    target_dim: int = knob(0, AT_LEAST_0, resumable=False, basis=True)
     """Width the targets must have: 0 = 768 (E1's teacher consensus) for the e1 preset, any
     width for other presets; set it to train an e1 arm on targets of another width on purpose."""
     tokenizer: str = knob("bert-base-uncased", resumable=False, basis=False)
@@ -104,7 +100,7 @@ class TrainConfig(ModelShape):
     """Let a resumed launch continue although its target or token store's content differs from
     what the run trained on so far (refused by default, naming both content hashes). The change
     is logged and recorded in this launch's manifest.json entry (input_change_allowed)."""
-    allow_misaligned: bool = knob(False, resumable=True, basis=False, added=False)
+    allow_misaligned: bool = knob(False, resumable=True, basis=False)
     """Train an e1 run although the preflight's alignment check (`aleph data check-align` on a
     sample) finds that caption row i does not pair with target row i (refused by default,
     with the figures); the figures are recorded in the launch's manifest.json entry
@@ -181,14 +177,14 @@ class TrainConfig(ModelShape):
     """TensorBoard scalar cadence in steps (health gauges at the same cadence)."""
     progress_every_seconds: float = knob(30.0, POSITIVE, resumable=True, basis=False)
     """Console progress/ETA line cadence."""
-    defer_step_sync: bool = knob(False, resumable=True, basis=False, added=False)
+    defer_step_sync: bool = knob(False, resumable=True, basis=False)
     """CUDA (fused AdamW): read each step's loss and gradient norm during the next step
     instead of before its own update, so the GPU queue never drains; a non-finite step is
     skipped on the device and raised before the next update. Same values either way. Off
     until bench/gpu_check.py's `deferred sync` item shows it faster on the GPU; no effect on
     CPU (the single-tensor AdamW there has no device-side skip)."""
     collective_timeout_s: float = knob(600.0, rule(  # heartbeats every timeout/4, <= 5 s
-        lambda v, c: v >= 1, "a number of seconds >= 1"), resumable=True, basis=False, added=21600.0)
+        lambda v, c: v >= 1, "a number of seconds >= 1"), resumable=True, basis=False)
     """Under torchrun: a collective that waits longer than this fails, naming the rank that
     stopped answering (by its heartbeat in the c10d store). Rank 0's long one-off work
     (store builds, resume-state saves) is waited for by polling, so it never trips this."""
@@ -199,12 +195,12 @@ class TrainConfig(ModelShape):
 
     # --- off-box sync (aleph.sync) -------------------------------------------------------
     sync_to: str = knob("", rule(lambda v, c: not (v and check_spec(v)),
-                                   lambda c: f"empty (off) or {check_spec(c.sync_to)}"), resumable=True, basis=False, added="")
+                                   lambda c: f"empty (off) or {check_spec(c.sync_to)}"), resumable=True, basis=False)
     """Where the run is copied while it trains, so a lost VM loses little: empty = off;
     hf:<namespace>/<repo> (a hub model repo, created private; token from HF_TOKEN or hf_token,
     never written to any file or log) or an existing directory as an absolute path (a mounted
     bucket, NFS share, second disk). `aleph runs pull` restores the run elsewhere."""
-    sync_every_minutes: float = knob(30.0, AT_LEAST_0, resumable=True, basis=False, added=30.0)
+    sync_every_minutes: float = knob(30.0, AT_LEAST_0, resumable=True, basis=False)
     """Least minutes between two syncs while training, each after a complete resume state
     (0 = after every one); a final sync comes at the end and at a stop. A lost VM loses at
     most this much training, rounded up to the next resume state."""
@@ -332,20 +328,11 @@ trains, but num_threads and device change the floating-point rounding (each laun
 its execution facts; `aleph runs diff` names such a change as not bitwise comparable)."""
 OPERATIONAL = frozenset(k for k, v in _facts("basis").items() if not v)
 """Fields that do not define a run's comparability basis (arm and seed are compared apart)."""
-ADDED_FIELDS: dict[str, Any] = _facts("added")
-"""Fields added after run directories had been recorded, with the value that a config.json
-written without them ran with (read so by check_same_run and `aleph runs diff`)."""
 SECRET_FIELDS = tuple(k for k, v in _facts("secret").items() if v)
-
-
-def with_added_fields(saved: dict[str, Any]) -> dict[str, Any]:
-    """A recorded config with every field it predates filled in with the value it ran with."""
-    return {**ADDED_FIELDS, **saved}
 
 
 def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
     """Refuse to resume a run directory with a config that computes something else."""
-    saved = with_added_fields(saved)
     now = to_dict(cfg)
     diff = sorted(k for k in set(saved) | set(now)
                   if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))

@@ -97,12 +97,29 @@ def test_init_field_is_checked_and_reaches_the_model_config():
         assert model_config(cfg, vocab_size=50, pad_id=0).init == init
 
 
-def test_a_run_recorded_before_the_init_field_resumes_only_as_normal_002():
-    saved = to_dict(resolve("smoke", arm="a1_anchored"))
-    del saved["init"]  # a config.json written before the field existed: it ran normal_0.02
-    check_same_run(saved, resolve("smoke", overrides=["init=normal_0.02"], arm="a1_anchored"))
-    with pytest.raises(ConfigError, match="init: run has 'normal_0.02', launch asks 'e1_orthogonal'"):
-        check_same_run(saved, resolve("smoke", arm="a1_anchored"))
+@pytest.mark.parametrize("version", [None, 2])
+def test_a_run_config_of_another_format_version_is_refused_in_one_line(tmp_path, version):
+    """config.json of another format_version (or none: a run recorded before versions, e.g.
+    without the init field) is refused in one line, and left as it was."""
+    import json
+
+    from aleph.errors import StoreError
+    from aleph.train.run import _check_config
+
+    cfg = resolve("smoke", arm="a1_anchored")
+    saved = to_dict(cfg)
+    del saved["init"]
+    if version is not None:
+        saved["format_version"] = version
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(StoreError) as e:
+        _check_config(tmp_path, cfg, print)
+    assert str(e.value) == (f"{tmp_path / 'config.json'}: format_version {version}, expected 1 "
+                            "(written by another version of aleph-e1; this one reads only its own)")
+    assert json.loads((tmp_path / "config.json").read_text()) == saved
+    (tmp_path / "new").mkdir()
+    _check_config(tmp_path / "new", cfg, print)  # a new run's config.json: version 1 written
+    assert json.loads((tmp_path / "new" / "config.json").read_text())["format_version"] == 1
 
 
 def test_every_field_is_documented():
@@ -291,21 +308,12 @@ def test_a_run_name_never_nests_one_run_inside_another(tmp_path, monkeypatch):
     assert run_dir_for(smoke) == tmp_path / "runs" / "smoke" / "a2_dense-s0"  # resumes as before
 
 
-def test_a_run_recorded_before_target_dim_resumes():
-    saved = to_dict(resolve("smoke", arm="a2_dense"))
-    del saved["target_dim"]  # a config.json written before the field existed: any width
-    check_same_run(saved, resolve("smoke", arm="a2_dense"))
-    with pytest.raises(ConfigError, match="target_dim: run has 0, launch asks 512"):
-        check_same_run(saved, resolve("smoke", arm="a2_dense", overrides=["target_dim=512"]))
-
-
 def test_every_field_declares_its_facts_where_it_is_declared():
     """resumable and basis on every field (knob); the derived lists agree with them."""
     from dataclasses import fields
 
     from aleph.model.config import ModelConfig
     from aleph.train.config import (
-        ADDED_FIELDS,
         MODEL_FIELDS_FROM_DATA,
         OPERATIONAL,
         RESUMABLE_CHANGES,
@@ -319,7 +327,6 @@ def test_every_field_declares_its_facts_where_it_is_declared():
     assert "hf_token" in SECRET_FIELDS and "hf_token" in RESUMABLE_CHANGES & OPERATIONAL
     assert {"ckpt_every_steps", "device", "sync_to"} <= RESUMABLE_CHANGES
     assert {"lr", "d_model", "init", "batch_size"}.isdisjoint(RESUMABLE_CHANGES | OPERATIONAL)
-    assert ADDED_FIELDS["init"] == "normal_0.02" and ADDED_FIELDS["target_dim"] == 0
     # the shape fields are ModelConfig's, not a copy: one more model field is one more here
     shape = {f.name for f in fields(ModelConfig)} - set(MODEL_FIELDS_FROM_DATA)
     assert shape <= {f.name for f in fields(TrainConfig)}
