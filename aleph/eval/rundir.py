@@ -87,11 +87,8 @@ def run_label(run_dir: Path, manifest: dict | None) -> str:
 
 
 def manifest_targets(manifest: dict, source: str) -> dict:
-    """The target store record: `targets` (documented layout) or `target_store`."""
-    for key in ("targets", "target_store"):
-        if isinstance(manifest.get(key), dict):
-            return manifest[key]
-    raise DataError(f"{source}: missing field 'targets' (the target store record)")
+    """The target store record (`target_store`) of a run's manifest."""
+    return field(manifest, "target_store", source, kind=dict)
 
 
 STATUSES = ("complete", "running", "stopped", "failed", "lost", "not started")

@@ -49,17 +49,10 @@ NUMERIC_CONFIG_FIELDS = {"num_threads": "num_threads", "device": "device", "bf16
 
 
 def derive_action(entry: dict) -> str:
-    """The recorded action, or for an entry written before actions existed, a derivation
-    from its note (a launch of unknown effect counts as one that trained)."""
+    """The recorded action; a launch that has none yet (running, or lost before its first
+    heartbeat) is of unknown effect and counts as one that trained."""
     action = entry.get("action")
-    if action in ACTIONS:
-        return action
-    note = str(entry.get("note") or "")
-    if note == NOTHING_TO_TRAIN:
-        return NOOP
-    if note.endswith("before the first step"):
-        return NOTHING
-    return TRAINED
+    return action if action in ACTIONS else TRAINED
 
 
 def choose_action(step_from: int | None, step_to: int | None, status: str, note: str,

@@ -138,9 +138,8 @@ def test_effective_step_ranges_cut_where_the_next_launch_resumed():
     # a fresh start after every resume state was lost: the earlier launch kept nothing
     fresh = {"launches": [_entry(1, TRAINED, (0, 30), status="lost"), _entry(2, TRAINED, (0, 64))]}
     assert [r.launch_id for r in training_launches(fresh)] == ["L2"]
-    # entries without an action yet (a running launch): no-op by its note, else assumed trained
-    recs = read_launches({"launches": [_entry(1), _entry(2, note="already complete")]})
-    assert [r.action for r in recs] == [TRAINED, NOOP]
+    # an entry without an action yet (a running launch) is assumed to have trained
+    assert [r.action for r in read_launches({"launches": [_entry(1)]})] == [TRAINED]
 
 
 def test_choose_action():

@@ -254,15 +254,6 @@ def test_runs_diff_without_git_is_silent_about_hunks_when_the_code_is_the_same(t
     assert "identical source" in p.stdout and NO_GIT not in p.stdout
 
 
-def test_documented_targets_record_is_read_too(tmp_path):
-    """docs/ARCHITECTURE.md names a `targets` object; the trainer writes `target_store`."""
-    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
-    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False, source="9" * 64)
-    edit(b, "manifest.json", lambda m: m.update(targets=m.pop("target_store")))
-    d = diff_runs(a, b)
-    assert d.verdict == "equivalent with caveats" and d.caveats[0].startswith("code differs")
-
-
 def test_bad_run_directories_are_named(tmp_path, capsys):
     a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
     assert main(["runs", "diff", str(a), str(tmp_path / "missing")]) == 2
@@ -355,17 +346,17 @@ def test_unknown_revisions_are_not_called_the_same_base(tmp_path):
 
 
 def test_a_launch_that_found_the_run_complete_is_not_a_resume(tmp_path):
-    from aleph.train.outputs import NOTHING_TO_TRAIN
+    from aleph.record.launch import NOOP, NOTHING_TO_TRAIN, RESUMED, TRAINED
 
     a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
     b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False, launches=[
         {"launch_id": "L1", "start": "2026-08-07T02:00:00Z", "end": "2026-08-07T03:00:00Z",
-         "exit_status": 0, "status": "complete", "note": "128 steps"},
+         "exit_status": 0, "status": "complete", "note": "128 steps", "action": TRAINED},
         {"launch_id": "L2", "start": "2026-08-07T04:00:00Z", "end": "2026-08-07T04:00:05Z",
-         "exit_status": 0, "status": "complete", "note": NOTHING_TO_TRAIN}])
+         "exit_status": 0, "status": "complete", "note": NOTHING_TO_TRAIN, "action": NOOP}])
     d = diff_runs(a, b)
     assert d.verdict == "equivalent" and d.caveats == []
     assert ("info", "B: 2 launch(es); 1 trained nothing the run kept (1 found the run already complete)") in [
         (f.level, f.text) for f in d.findings if f.section == "launches"]
-    edit(b, "manifest.json", lambda m: m["launches"][1].update(note="64 steps"))
+    edit(b, "manifest.json", lambda m: m["launches"][1].update(note="64 steps", action=RESUMED))
     assert diff_runs(a, b).caveats == ["B: 2 launch(es) trained steps the run kept: resumed 1 time(s)"]
