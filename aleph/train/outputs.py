@@ -30,8 +30,6 @@ from aleph.record.launch import (  # noqa: F401  (re-exported: the trainer's sta
 from aleph.record.layout import RunLayout
 from aleph.train.identity import hostname, utc_now
 
-MANIFEST, METRICS, CONFIG, TB_DIR = layout.MANIFEST, layout.METRICS, layout.CONFIG, layout.TB
-
 
 class Manifest:
     """manifest.json of one run directory (the launch entry schema: aleph.record.launch).
@@ -165,7 +163,7 @@ def write_executed(manifest: Manifest, tracer, launch_id: str) -> None:
 
 
 def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
-    atomic_write_json(Path(run_dir) / METRICS, {**metrics, "updated": utc_now()})
+    atomic_write_json(RunLayout(run_dir).metrics, {**metrics, "updated": utc_now()})
 
 
 class Scalars:
@@ -181,7 +179,7 @@ class Scalars:
         """`first_step`: the first step this launch writes (resume step + 1)."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self._w = SummaryWriter(log_dir=str(Path(run_dir) / TB_DIR),
+        self._w = SummaryWriter(log_dir=str(RunLayout(run_dir).tb),
                                 purge_step=first_step)
 
     def write(self, step: int, values: dict[str, float]) -> None:
