@@ -198,18 +198,17 @@ def summary(run_dir: Path, status: str, log_path: Path, again: str | None,
             where: str = "before the first step") -> str:
     """The end-of-launch lines: where the outputs are and the next command; for a stopped
     launch, how to resume it."""
-    ref = run_ref(run_dir)
+    ref, run = run_ref(run_dir), RunLayout(run_dir)
     lines = [f"summary: run {ref} {status} ({where}); run directory {run_dir}",
              f"  log of this launch: {log_path}",
-             f"  metrics: {RunLayout(run_dir).metrics}; TensorBoard events: {RunLayout(run_dir).tb}"
-             " (`aleph tensorboard`)"]
+             f"  metrics: {run.metrics}; TensorBoard events: {run.tb} (`aleph tensorboard`)"]
     if status == outputs.COMPLETE:
-        lines += [f"  weights: {RunLayout(run_dir).final_weights}",
+        lines += [f"  weights: {run.final_weights}",
                   f"  next: `aleph eval {ref}`, then `aleph report {ref}` (and other runs)"]
     else:
         lines.append(f"  resume: run the same command again (`{again or 'aleph train ...'}`); "
-                     "it continues from the last resume state in checkpoints/")
-        saved = sorted(RunLayout(run_dir).weights.glob("step-*"))
+                     f"it continues from the last resume state in {run.checkpoints}/")
+        saved = sorted(run.weights.glob("step-*"))
         if saved:
             lines.append(f"  or evaluate the newest saved weights now: `aleph eval {ref} "
                          f"--weights {saved[-1]}`")
