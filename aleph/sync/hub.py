@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from aleph.sync import index as ix
+import aleph.sync.index as ix
 from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
 from aleph.sync.safefs import read_at_most
