@@ -18,7 +18,7 @@ from aleph._fields import AT_LEAST_0, POSITIVE, POSITIVE_INT, Rule, check_fields
 from aleph._io import short_repr
 from aleph.env import laws
 from aleph.errors import ConfigError
-from aleph.model.config import ARMS, Arm, ModelConfig, ModelShape
+from aleph.model.config import Arm, ModelConfig, ModelShape
 from aleph.sync.dest import check_spec
 from aleph.train.config_text import coerce, fields_help, load_file, parse_override, with_suggestion
 
@@ -260,10 +260,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def field_names() -> list[str]:
-    return [f.name for f in fields(TrainConfig)]
-
-
 def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | None = None,
             **direct: Any) -> TrainConfig:
     """Build the frozen config; unknown keys raise ConfigError naming them."""
@@ -277,7 +273,7 @@ def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | 
         layers.append((f"config file {file}", {k: coerce(hints.get(k), v) for k, v in data.items()}))
     layers.append(("--set", dict(parse_override(o, hints) for o in overrides or [])))
     layers.append(("command line", {k: v for k, v in direct.items() if v is not None}))
-    known = set(field_names())
+    known = {f.name for f in fields(TrainConfig)}
     for origin, layer in layers:
         unknown = sorted(set(layer) - known)
         if unknown:
@@ -341,6 +337,3 @@ def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
         raise ConfigError(f"this run directory was started with a different config ({detail}); "
                           "use another --seed/arm or remove the run directory")
 
-
-__all__ = ["TrainConfig", "PRESETS", "ARMS", "resolve", "to_dict", "echo", "check_same_run",
-           "field_names"]
