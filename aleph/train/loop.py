@@ -72,10 +72,8 @@ def train_loop(t: Trainer) -> tuple[str, str]:
 
 
 class Between:
-    """What happens between two steps (one call each), outside the loop's body: the bank's
-    gauges on the steps that log, the cadences (after_step), the pause hook, the stop, the
-    executed-code tracer (on through step TRACED_STEPS, then only around these events) and
-    the deferred step's read (`Steps.settle`) before anything is reported or saved."""
+    """What happens between two steps, outside the loop's body: gauges on logged steps, the
+    cadences, pause hook and stop, the executed-code tracer's window, the deferred read."""
 
     def __init__(self, t: Trainer, steps: Steps, rep: Reporter,
                  batches: prefetch.Prefetcher) -> None:

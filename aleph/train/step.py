@@ -128,15 +128,14 @@ def deferring(t: Trainer) -> bool:
 
 class Steps:
     """The loop's step: `steps(batch)` runs one; `deliver()` hands the StepResults read so
-    far to `report` (the loop calls it once the position has advanced).
+    far to `report`; `settle()` also reads a step still in flight (before anything is
+    logged, saved, exported or stopped).
 
-    Checked first (the default): `train_step`, its result read at once. Under
-    defer_step_sync (`deferring`; unmeasured on a GPU so far: bench/gpu_check.py --only
-    deferred-sync) the values are copied to the host without waiting, fused AdamW skips a
-    non-finite update on the device (`found_inf`), and the values are read in the next step
-    after its backward is queued and before its update; the NonFiniteError for a step
-    still comes before any later update. `settle()` also reads a step still in flight: the
-    loop calls it before anything is logged, saved, exported or stopped.
+    Checked first (the default): `train_step`. Under defer_step_sync (`deferring`; not yet
+    measured on a GPU: bench/gpu_check.py --only deferred-sync) the values are copied to
+    the host without waiting, fused AdamW skips a non-finite update on the device
+    (`found_inf`), and they are read in the next step before its update: a NonFiniteError
+    still comes before any later update.
     """
 
     def __init__(self, t: Trainer, report: Callable[[StepResult], None]) -> None:
@@ -160,7 +159,6 @@ class Steps:
         self.pending = flight
 
     def deliver(self) -> None:
-        """Hand every step read so far to `report`, in step order."""
         read, self.read = self.read, []
         for res in read:
             self.report(res)
