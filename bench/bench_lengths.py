@@ -30,7 +30,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aleph.train.distributed import World  # noqa: E402
-from aleph.train.prefetch import DataOrder, bucket_width  # noqa: E402
+from aleph.train.order import DataOrder  # noqa: E402
+from aleph.train.prefetch import bucket_width  # noqa: E402
 
 POLICIES = ("trim", "bucket16", "full")
 

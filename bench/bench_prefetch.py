@@ -41,11 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aleph.model import ModelConfig, build_model  # noqa: E402
 from aleph.train.config import resolve  # noqa: E402
 from aleph.train.distributed import World  # noqa: E402
-from aleph.train.prefetch import (  # noqa: E402
-    BatchSource,
-    DataOrder,  # noqa: E402
-    Prefetcher,
-)
+from aleph.train.order import DataOrder  # noqa: E402
+from aleph.train.prefetch import BatchSource, Prefetcher  # noqa: E402
 from aleph.train.step import train_step  # noqa: E402
 from aleph.train.trainer import step_trainer  # noqa: E402
 

@@ -272,7 +272,7 @@ def item_deferred_sync(ctx: Ctx) -> Result:
     from aleph.model import ModelConfig, build_model
     from aleph.train.config import resolve
     from aleph.train.distributed import World
-    from aleph.train.step import deferring, settle, train_step
+    from aleph.train.step import Steps, deferring
     from aleph.train.trainer import step_trainer
 
     dev = torch.device("cuda", 0)
@@ -290,36 +290,40 @@ def item_deferred_sync(ctx: Ctx) -> Result:
         target = torch.nn.functional.normalize(torch.randn(E1_BATCH, 768, generator=g), dim=-1)
         target = target.half().to(dev)
         seconds = {False: 0.0, True: 0.0}
+        got = []
         for i in range(2 * blocks + 1):  # block 0 warms up (optimiser state, kernels)
             defer = bool(i % 2)
             t.cfg = dataclasses.replace(base, defer_step_sync=defer)
             if defer and not deferring(t):
                 return Result("FAIL", "defer_step_sync is on but the step does not defer "
                               f"(fused={[g.get('fused') for g in t.opt.param_groups]})")
+            steps = Steps(t, got.append)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(per_block):
-                res = train_step(t, (ids, mask, target))
+                steps((ids, mask, target))
                 t.pos = dataclasses.replace(t.pos, step=t.pos.step + 1)
-            last = settle(t) or res  # the block's last step, read (deferred) before the clock stops
+            steps.settle()  # the block's last step, read (deferred) before the clock stops
+            last = got[-1]
             torch.cuda.synchronize()
             if i:
                 seconds[defer] += time.perf_counter() - t0
         # A deferred step that reads the one before it (so a step is in flight): no implicit
         # sync (its read is an event wait, which sync debug mode does not report).
         t.cfg = dataclasses.replace(base, defer_step_sync=True)
-        train_step(t, (ids, mask, target))
+        steps = Steps(t, got.append)
+        steps((ids, mask, target))
         t.pos = dataclasses.replace(t.pos, step=t.pos.step + 1)
-        syncs = _count_syncs(lambda: train_step(t, (ids, mask, target)))
+        syncs = _count_syncs(lambda: steps((ids, mask, target)))
         t.pos = dataclasses.replace(t.pos, step=t.pos.step + 1)
-        settle(t)
+        steps.settle()
         # CUDA's fused kernel honours found_inf: a NaN step leaves the weights as they were
         # and is raised in the next step, before its update.
         before = [p.detach().clone() for p in model.parameters()]
-        train_step(t, (ids, mask, torch.full_like(target, float("nan"))))
+        steps((ids, mask, torch.full_like(target, float("nan"))))
         same = all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
         try:
-            train_step(t, (ids, mask, target))
+            steps((ids, mask, target))
             raised = False
         except NonFiniteError:
             raised = True
@@ -353,7 +357,8 @@ def _prefetch_pins(dev) -> bool:
     from aleph.data.tokens import build_token_store
     from aleph.targets import build_store
     from aleph.train.distributed import World
-    from aleph.train.prefetch import BatchSource, DataOrder
+    from aleph.train.order import DataOrder
+    from aleph.train.prefetch import BatchSource
 
     root = Path(tempfile.mkdtemp(prefix="step-path-"))
     try:

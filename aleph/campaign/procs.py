@@ -18,7 +18,8 @@ from pathlib import Path
 
 from aleph._io import open_write_nofollow
 from aleph.errors import RunLocked
-from aleph.train.identity import LOCK_FILE, RunLock
+from aleph.record.layout import RunLayout
+from aleph.train.identity import RunLock
 
 TOKEN_ENV = "ALEPH_CAMPAIGN_LAUNCH"
 
@@ -98,7 +99,7 @@ def lock_holder(run_dir: Path) -> str | None:
     else None. It is aleph.train.identity.RunLock itself, taken and released at once: the
     kernel flock that decides for the trainer decides here (and the trainer still refuses,
     exit 75, if the lock is taken between this probe and its launch)."""
-    if not (Path(run_dir) / LOCK_FILE).exists():
+    if not RunLayout(run_dir).lock.exists():
         return None  # no launch ever held it (the trainer creates it under the lock)
     lock = RunLock(run_dir)
     try:

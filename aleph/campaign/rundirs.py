@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from aleph._io import read_json, sha256_file
-from aleph.errors import ConfigError
+from aleph.errors import ConfigError, StoreError
 from aleph.record import layout
 from aleph.record.launch import COMPLETE, FAILED, STOPPED
 from aleph.record.layout import RunLayout
-from aleph.train.identity import LAUNCH_DIR, run_dir_for
+from aleph.train.identity import run_dir_for
 
-MANIFEST, CONFIG = layout.MANIFEST, layout.CONFIG
 FINAL_WEIGHTS = RunLayout(".").final_weights_file.relative_to(".")
 
 
@@ -28,7 +27,7 @@ def run_dir(cfg) -> Path:
 
 def _manifest(rd: Path) -> dict[str, Any] | None:
     try:
-        data = read_json(rd / MANIFEST)
+        data = read_json(RunLayout(rd).manifest)
     except (OSError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None
@@ -51,13 +50,15 @@ def config_conflict(rd: Path, cfg) -> str | None:
     """Why a complete run directory is not this campaign's run (another config), or None."""
     from aleph.train.config import check_same_run
 
-    path = rd / CONFIG
+    path = RunLayout(rd).config
     try:
         saved = read_json(path)
     except (OSError, json.JSONDecodeError) as e:
         return f"{path}: unreadable ({e})"
     try:
-        check_same_run(saved, cfg)
+        check_same_run(layout.config_fields(path, saved), cfg)
+    except StoreError as e:  # another format version: one line naming the file
+        return str(e)
     except ConfigError as e:
         return f"{rd} is complete with another config: {e}"
     return None
@@ -81,7 +82,7 @@ def launch_end(rd: Path, pid: int | None, host: str) -> tuple[str | None, int | 
 
 def trainer_logs(rd: Path) -> list[str]:
     """The trainer's own launch logs of a run (rank 0's: one per launch)."""
-    d = rd / LAUNCH_DIR
+    d = RunLayout(rd).launches
     if not d.is_dir():
         return []
     return sorted(p.name for p in d.glob("*.log") if ".rank" not in p.name)

@@ -73,30 +73,12 @@ def _fetch(args) -> int:
 
         fetch_captions(args.out, revision=args.revision, say=print, expect_sha256=args.sha256)
         return 0
-    from aleph.data import bundle
-    from aleph.data.tokenizer import TOKENIZER_PINS, load_tokenizer, tokenizer_fingerprint
-    from aleph.eval.tasks import E1_PAIRS, E1_TASKS, HF_TASKS, load_hf_task, parse_task_names
+    from aleph.data.bundle import bundle_root
+    from aleph.eval.tasks import E1_TASKS, fill_bundle, parse_task_names
 
-    root = Path(args.out).expanduser().absolute() if args.out else bundle.bundle_root()
+    root = Path(args.out).expanduser().absolute() if args.out else bundle_root()
     names = parse_task_names(args.tasks) if args.tasks else list(E1_TASKS)
-    unknown = [n for n in names if n not in HF_TASKS]
-    if unknown:
-        raise DataError(f"--tasks {args.tasks!r}: {unknown} are not hub tasks; expected names "
-                        f"from {', '.join(HF_TASKS)}")
-    for name in args.tokenizer or ["bert-base-uncased"]:
-        tok = load_tokenizer(name, use_bundle=False)
-        fp = tokenizer_fingerprint(tok)
-        d = bundle.add_tokenizer(root, name, tok, fp)
-        pin = TOKENIZER_PINS.get(name)
-        print(f"tokenizer {name}" + (f"@{pin[:12]}" if pin else " (unpinned)")
-              + f": {d} (fingerprint {fp[:16]})")
-    for name in names:
-        task = load_hf_task(name)  # the loader eval uses without a bundle: same pairs
-        dataset, revision = HF_TASKS[name]
-        path = bundle.add_sts(root, name, dataset, revision, "test", task.pairs,
-                              expected_pairs=E1_PAIRS.get(name))
-        print(f"STS {name}: {len(task.pairs)} pairs from {dataset}@{revision[:12]} -> {path}")
-    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    size = fill_bundle(root, args.tokenizer or ["bert-base-uncased"], names, print)
     print(f"bundle {root}: {size:,} bytes; copy this directory to <work>/data/offline on the "
           "target machine (or point ALEPH_OFFLINE_BUNDLE at it)")
     return 0
@@ -141,11 +123,11 @@ def _captions(args) -> int:
 
 def _check_align(args) -> int:
     from aleph.data import load_tokenizer, open_captions
-    from aleph.data.align import check_alignment, target_files
+    from aleph.data.align import check_pairing, target_files
 
     captions = open_captions(args.captions, column=args.column)
     targets = target_files(args.targets)
-    result = check_alignment(captions, targets, load_tokenizer(args.tokenizer),
+    result = check_pairing(captions, targets, load_tokenizer(args.tokenizer),
                              sample=args.sample, seed=args.seed,
                              target_desc=f"targets {args.targets} ({len(targets)} chunk file(s))")
     print(f"check-align {args.captions} vs {args.targets}: {result.line()}")

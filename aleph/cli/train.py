@@ -1,11 +1,9 @@
-"""`aleph train`: resolve the config (failing before any work), then hand over to aleph.train."""
+"""`aleph train`: its arguments, handed to aleph.train.command (tracer, config, launch)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
-
-from aleph._signals import ignore_stops
 
 
 class _HelpWithFields(argparse.Action):
@@ -18,9 +16,9 @@ class _HelpWithFields(argparse.Action):
         super().__init__(option_strings, dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from aleph.train.config_text import fields_help
+        from aleph.train.config import help_text
 
-        parser.epilog = fields_help()
+        parser.epilog = help_text()
         parser.print_help()
         parser.exit()
 
@@ -74,29 +72,7 @@ def again_command(args) -> str:
 
 
 def _train(args) -> int:
-    import json
+    from aleph.train.command import train_command
 
-    from aleph.record.fingerprint import Tracer, preimport
-
-    # The executed-code record of the launch starts here, before the config is resolved;
-    # the third-party libraries are imported first, untraced (their import is not ours).
-    preimport()
-    tracer = Tracer().start()
-    try:
-        from aleph.train.config import resolve, to_dict
-        from aleph.train.identity import check_run_name
-
-        if args.name is not None:
-            check_run_name(args.name)  # before any work, like a bad config field
-        cfg = resolve(args.preset, args.config, args.overrides, arm=args.arm, seed=args.seed)
-        if args.print_config:
-            print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
-            return 0
-        from aleph.train.run import train
-
-        try:
-            return train(cfg, tracer, name=args.name, again=again_command(args))
-        finally:
-            ignore_stops()
-    finally:
-        tracer.close_window()
+    return train_command(args.preset, args.config, args.overrides, args.arm, args.seed,
+                         args.name, args.print_config, again=lambda: again_command(args))

@@ -212,7 +212,7 @@ def features(token_ids: Sequence[Sequence[int]], dim: int = FEATURE_DIM) -> torc
     return x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def check_alignment(captions: CaptionSource, targets: Sequence[str], tokenizer,
+def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
                     sample: int = 4096, seed: int = 0, target_desc: str = "targets"
                     ) -> Alignment:
     """Check that caption row i goes with target row i (see the module docstring).
@@ -281,7 +281,7 @@ _MEMO_VERSION = 1  # bump when the check's figures change meaning
 
 def preflight_alignment(source: str, column: str, targets: Sequence[str], tokenizer,
                         captions_sha256: str, allow: bool, say) -> dict | None:
-    """The e1 preflight's pairing check (`check_alignment` on PREFLIGHT_SAMPLE rows): says
+    """The e1 preflight's pairing check (`check_pairing` on PREFLIGHT_SAMPLE rows): says
     one line; a misaligned pairing is a DataError unless `allow` (allow_misaligned=true),
     then the figures are returned for the launch's manifest entry. Memoised under
     <work>/cache/alignment by (captions content hash, target files' path/size/mtime,
@@ -310,7 +310,7 @@ def preflight_alignment(source: str, column: str, targets: Sequence[str], tokeni
         if rows < 2 * BLOCKS + 2 * pad:
             say(f"inputs: alignment: not checked: {rows} rows are too few for the check")
             return None
-        checked = check_alignment(caps, targets, tokenizer, PREFLIGHT_SAMPLE)
+        checked = check_pairing(caps, targets, tokenizer, PREFLIGHT_SAMPLE)
         result = {**checked.as_dict(), "line": checked.line()}
         atomic_write_json(memo, {"key": key, "result": result})
         how = ""

@@ -3,7 +3,7 @@
 A meaning is one concept per slot (object, colour, action, place) plus an optional
 companion object. Every concept has several surface words (synonyms) and captions use
 several templates, so one meaning has many paraphrases. The stand-in teacher
-(`aleph.data.teacher`) and the STS gold scores depend on the meaning only.
+(`aleph.data.smoke_teacher`) and the STS gold scores depend on the meaning only.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from aleph._io import (
     work_root,
 )
 from aleph.data.grammar import SLOTS, Meaning, render, sample_meaning
-from aleph.data.teacher import Teacher, overlap_cosine
+from aleph.data.smoke_teacher import Teacher, overlap_cosine
 from aleph.data.tokenizer import train_wordpiece
 from aleph.errors import DataError
 

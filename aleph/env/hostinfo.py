@@ -156,3 +156,18 @@ def storage(path: str | os.PathLike, proc: Path = Path("/proc")) -> dict:
         mount_of(probe.resolve(), proc) or {"mount_point": None, "fstype": None, "source": None}
     )
     return out
+
+
+def pick_device(name: str, what: str, index: int | None = None):
+    """`name` as a torch.device: 'auto' (CUDA when torch sees a device, else the CPU), 'cpu' or
+    'cuda' (device `index` when given). ConfigError naming `what` (the field or option) when
+    CUDA is asked for and torch sees none. Used by `aleph train` and `aleph eval`."""
+    import torch
+
+    from aleph.errors import ConfigError
+
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{what}: 'cuda' asked for, but torch sees no CUDA device")
+    return torch.device("cuda", index) if index is not None else torch.device("cuda")

@@ -18,6 +18,7 @@ from aleph.record.layout import (  # noqa: F401
     TOKENIZER,
     WEIGHTS_FILE,
     RunLayout,
+    check_version,
 )
 
 FINAL_WEIGHTS = Path(RunLayout(".").final_weights.relative_to("."))  # weights/final
@@ -45,7 +46,8 @@ def require_run_dir(run_dir: str | Path) -> Path:
 
 
 def read_run_json(run_dir: str | Path, name: str, required: bool = True) -> dict[str, Any] | None:
-    """Parse `run_dir/name` as a JSON object; missing optional files give None."""
+    """Parse `run_dir/name` as a JSON object; missing optional files give None. config.json
+    and manifest.json must be of this code's format_version (one line otherwise)."""
     path = Path(run_dir) / name
     if not path.is_file():
         if required:
@@ -61,7 +63,7 @@ def read_run_json(run_dir: str | Path, name: str, required: bool = True) -> dict
         raise DataError(f"{path}: nested too deeply to parse; expected a JSON object") from None
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return check_version(path, data) if name in (CONFIG, MANIFEST) else data
 
 
 def field(data: dict, dotted: str, source: str, default: Any = ..., kind: type | tuple = object):
@@ -84,20 +86,9 @@ def run_label(run_dir: Path, manifest: dict | None) -> str:
     return Path(run_dir).name
 
 
-def manifest_code(manifest: dict) -> dict:
-    """{revision, source_sha256}: from `code` (documented layout) or the top-level keys."""
-    code = manifest.get("code")
-    if isinstance(code, dict):
-        return code
-    return {"revision": manifest.get("code_revision"), "source_sha256": manifest.get("source_sha256")}
-
-
 def manifest_targets(manifest: dict, source: str) -> dict:
-    """The target store record: `targets` (documented layout) or `target_store`."""
-    for key in ("targets", "target_store"):
-        if isinstance(manifest.get(key), dict):
-            return manifest[key]
-    raise DataError(f"{source}: missing field 'targets' (the target store record)")
+    """The target store record (`target_store`) of a run's manifest."""
+    return field(manifest, "target_store", source, kind=dict)
 
 
 STATUSES = ("complete", "running", "stopped", "failed", "lost", "not started")

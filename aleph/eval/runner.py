@@ -6,21 +6,12 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
+from aleph.env.hostinfo import pick_device
 from aleph.errors import DataError
 from aleph.eval import rundir
 from aleph.eval.evaluate import DEFAULT_PROBE_BATCH, evaluate_model, record
 from aleph.eval.probe_data import DEFAULT_ROWS, probe_for_run
 from aleph.eval.tasks import E1_PAIRS, e1_task_check, load_tasks, parse_task_names
-
-
-def pick_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise DataError("--device cuda: no CUDA device is visible")
-    return name
 
 
 def weights_step(run_dir: Path, weights_dir: Path) -> int:
@@ -113,7 +104,7 @@ def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str |
         # a default set too small for one R@1 batch is skipped, not an error the user never asked for
         probe, no_probe = None, (f"the run's captions give only {len(probe.texts):,} probe rows, "
                                  f"fewer than one R@1 batch ({probe_batch})")
-    dev = pick_device(device)
+    dev = str(pick_device(device, "--device"))
     model = load_model(wdir, device=dev)
     tokenizer = load_tokenizer(tok_dir)
     max_len = config.get("max_len", model.config.max_len)

@@ -175,6 +175,31 @@ def load_hf_task(name: str) -> STSTask:
     return STSTask(name, _checked(pairs, dataset_id), f"hf:{dataset_id}@{revision[:12]}:test")
 
 
+def fill_bundle(root: Path, tokenizers: list[str], names: list[str], say) -> int:
+    """Fill the offline bundle `root` from the hub (`aleph data fetch`): each tokenizer and
+    each hub task's test pairs at its pinned revision; returns the bundle's size in bytes."""
+    from aleph.data import bundle
+    from aleph.data.tokenizer import TOKENIZER_PINS, load_tokenizer, tokenizer_fingerprint
+
+    unknown = [n for n in names if n not in HF_TASKS]
+    if unknown:
+        raise DataError(f"--tasks {','.join(names)!r}: {unknown} are not hub tasks; expected "
+                        f"names from {', '.join(HF_TASKS)}")
+    for name in tokenizers:
+        tok = load_tokenizer(name, use_bundle=False)
+        fp = tokenizer_fingerprint(tok)
+        d, pin = bundle.add_tokenizer(root, name, tok, fp), TOKENIZER_PINS.get(name)
+        say(f"tokenizer {name}" + (f"@{pin[:12]}" if pin else " (unpinned)")
+            + f": {d} (fingerprint {fp[:16]})")
+    for name in names:
+        task = load_hf_task(name)  # the loader eval uses without a bundle: same pairs
+        dataset, revision = HF_TASKS[name]
+        path = bundle.add_sts(root, name, dataset, revision, "test", task.pairs,
+                              expected_pairs=E1_PAIRS.get(name))
+        say(f"STS {name}: {len(task.pairs)} pairs from {dataset}@{revision[:12]} -> {path}")
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
 def read_tsv(path: Path) -> tuple[tuple[str, str, float], ...]:
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     if not lines or lines[0].split("\t") != ["sentence1", "sentence2", "score"]:

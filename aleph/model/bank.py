@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aleph.errors import StoreError
 from aleph.model.address import Address
 
 _STD = 0.02  # scale of the "normal_0.02" scheme (BERT-style)
@@ -62,9 +61,7 @@ class AnchoredBank(nn.Module):
     layout the matmuls read: nothing is permuted or copied per forward). The hidden units
     between are scaled per token by (1, c_1, ..., c_K), c_k = w_k * sigmoid(g_k). Expert
     w_out blocks start at zero, so at init the bank *is* its trunk. `blocks()` gives the
-    per-expert views; `upgrade_bank_state` maps weights of the earlier layout (a separate
-    trunk Linear pair and (K, D, ff) / (K, ff, D) expert stacks) onto this one
-    (io.load_model does); a resume state of that layout is refused in one line.
+    per-expert views.
     """
 
     def __init__(self, d_model: int, ff: int, n_anchors: int, tau: float,
@@ -98,7 +95,6 @@ class AnchoredBank(nn.Module):
         self.register_buffer("_usage", torch.zeros(2 * n_anchors), persistent=False)
         self.register_buffer("_neg", torch.zeros(()), persistent=False)
         self.register_buffer("_count", torch.zeros(()), persistent=False)
-        self._register_load_state_dict_pre_hook(self._refuse_earlier_layout)
 
     def blocks(self) -> dict[str, torch.Tensor]:
         """Views of the merged matrices: trunk_in (D, ff), trunk_out (ff, D), and for each
@@ -125,17 +121,6 @@ class AnchoredBank(nn.Module):
         coef = F.pad(coef, (1, 0), value=1.0)  # (B, L, 1+K): the trunk's scale is 1
         h = h.unflatten(-1, (self.n_anchors + 1, self.ff)) * coef.unsqueeze(-1)  # (B, L, 1+K, ff)
         return h.flatten(-2) @ self.w_out  # (B, L, D) = trunk + sum_k c_k expert_k
-
-    def _refuse_earlier_layout(self, state: dict, prefix: str, *args) -> None:
-        """load_state_dict of weights in the earlier layout: refused in one line. Reached
-        only by a resume state (io.load_model maps such weights before loading), whose
-        optimiser state holds the earlier parameters and cannot continue here."""
-        if f"{prefix}trunk.w_in.weight" in state:
-            raise StoreError(
-                f"{prefix.rstrip('.')}: weights of the earlier bank layout (a separate trunk, "
-                "(K, D, ff) expert stacks): a resume state written before the bank's matmuls "
-                "were merged cannot continue (its optimiser state holds the earlier "
-                "parameters); its weights still load for evaluation (aleph.model.io.load_model)")
 
     @torch.no_grad()
     def _record(self, w: torch.Tensor, mask: torch.Tensor | None) -> None:
@@ -179,25 +164,3 @@ def tensors_to_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
         return {}
     stacked = torch.stack([v.detach().float().reshape(()) for v in values.values()])
     return dict(zip(values, stacked.tolist(), strict=True))
-
-
-def upgrade_bank_state(state: dict, prefix: str, n_anchors: int) -> bool:
-    """Map one bank's weights of the earlier layout in `state` (in place) onto the merged
-    one; True when something was mapped.
-
-    Earlier: `<prefix>trunk.w_in.weight` (ff, D), `trunk.w_out.weight` (D, ff), `w_in`
-    (K, D, ff), `w_out` (K, ff, D). Now: `w_in` (D, (1+K)*ff) = [trunk_in.T | w_in[0] |
-    ... ], `w_out` ((1+K)*ff, D) = [trunk_out.T ; w_out[0] ; ...]: the same numbers.
-    """
-    old = [f"{prefix}trunk.w_in.weight", f"{prefix}trunk.w_out.weight", f"{prefix}w_in",
-           f"{prefix}w_out"]
-    if not all(k in state for k in old):
-        return False  # not the earlier layout (a strict load names what is missing)
-    t_in, t_out, e_in, e_out = (state.pop(k) for k in old)
-    if e_in.ndim != 3 or e_in.shape[0] != n_anchors:
-        raise ValueError(f"{prefix}w_in: earlier-layout expert stack of shape "
-                         f"{tuple(e_in.shape)}, expected ({n_anchors}, D, ff)")
-    d = t_in.shape[1]
-    state[f"{prefix}w_in"] = torch.cat([t_in.T, e_in.permute(1, 0, 2).reshape(d, -1)], 1)
-    state[f"{prefix}w_out"] = torch.cat([t_out.T, e_out.reshape(-1, d)], 0)
-    return True

@@ -11,7 +11,6 @@ from safetensors import SafetensorError
 
 from aleph._io import atomic_write_bytes, atomic_write_json, read_bounded
 from aleph.errors import ConfigError, StoreError
-from aleph.model.bank import AnchoredBank, upgrade_bank_state
 from aleph.model.config import ModelConfig
 from aleph.model.encoder import AlephEncoder, build_model
 
@@ -66,12 +65,6 @@ def load_model(weights_dir: str | Path, device: str | torch.device = "cpu") -> A
         model = build_model(cfg).to(device)
     except ConfigError as e:  # a shape too large to allocate: name the file that asks for it
         raise ConfigError(f"{cfg_path}: {e}") from None
-    try:  # weights of the earlier bank layout (separate trunk, expert stacks): same numbers
-        for name, module in model.named_modules():
-            if isinstance(module, AnchoredBank):
-                upgrade_bank_state(state, f"{name}.", module.n_anchors)
-    except ValueError as e:
-        raise StoreError(f"{w_path}: {e}") from None
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

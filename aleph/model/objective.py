@@ -1,4 +1,5 @@
-"""The distillation objective: symmetric in-batch InfoNCE plus per-sample MSE to the target."""
+"""The distillation objective: named loss terms (symmetric in-batch InfoNCE, per-sample MSE to
+the target), each weighted by its config field (`TrainConfig.w_<term>`) and summed."""
 
 from __future__ import annotations
 
@@ -9,18 +10,20 @@ from aleph.errors import ConfigError
 
 
 def distill_loss(student: torch.Tensor, target: torch.Tensor, tau: float = 0.07,
-                 w_nce: float = 1.0, w_mse: float = 1.0
+                 weights: dict[str, float] | None = None
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """total = w_nce * InfoNCE + w_mse * MSE, with both terms returned (undetached).
+    """total = sum of weights[name] * term over the named terms (weights None: 1 each), with
+    the terms returned (undetached, in this order: the trainer logs each as train/<name>).
 
     student (B, D): the encoder's unit embeddings. target (B, D): the teacher targets
     (fp16 on disk). Both are cast to float32 (the B x B logits are precision-sensitive
     under bf16 autocast) and L2-normalised: the targets are unit by construction, but
     fp16 storage moves norms by ~1e-3 and renormalising is idempotent on good data, so
     the loss always measures direction, as the cos-to-target metric does.
-    InfoNCE: row i of student should pick target i among the batch and vice versa
-    (mean of both cross-entropies). MSE: mean squared error over elements, i.e. each
-    sample's (2 - 2 cos) / D averaged over the batch (`F.mse_loss`).
+    nce: row i of student should pick target i among the batch and vice versa (mean of
+    both cross-entropies). mse: mean squared error over elements, i.e. each sample's
+    (2 - 2 cos) / D averaged over the batch (`F.mse_loss`). A new term is one line here
+    and its weight field `w_<name>` in TrainConfig.
     """
     if student.ndim != 2 or student.shape != target.shape:
         raise ConfigError(
@@ -31,6 +34,13 @@ def distill_loss(student: torch.Tensor, target: torch.Tensor, tau: float = 0.07,
     t = F.normalize(target.float(), dim=-1)  # (B, D)
     logits = s @ t.T / tau  # (B, B)
     labels = torch.arange(s.shape[0], device=s.device)  # (B,)
-    nce = 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels))
-    mse = F.mse_loss(s, t)
-    return w_nce * nce + w_mse * mse, {"nce": nce, "mse": mse}
+    terms = {
+        "nce": 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)),
+        "mse": F.mse_loss(s, t),
+    }
+    weights = dict.fromkeys(terms, 1.0) if weights is None else weights
+    if set(weights) != set(terms):  # a term without its weight field, or a weight without its term
+        raise ConfigError(f"distill_loss: weights for {sorted(weights)}, terms {sorted(terms)}")
+    weighted = [weights[name] * value for name, value in terms.items()]
+    total = sum(weighted[1:], weighted[0])  # w_nce * nce + w_mse * mse, in that order
+    return total, terms

@@ -3,8 +3,9 @@
 One place that `aleph.train` writes and `aleph.report` (and `aleph.eval`) reads, so the
 schema of a launch entry in `manifest.json` and the meaning of its fields are defined
 once:
-- `launch`: statuses, actions, step ranges and the readers of `launches[]` (with the
-  fallbacks for manifests written before per-launch records existed);
+- `launch`: statuses, actions, step ranges and the readers of `launches[]`;
+- `layout`: the run directory's names, the resume-state format (step directories, the
+  COMPLETE marker written and read, the link rule) and the format version of its files;
 - `provenance`: code revision and source hash, environment summary, the resource
   envelope (cgroup memory/CPU quota, cpuset, NUMA node, GPUs, driver), execution facts;
 - `heartbeat`: the live launch's heartbeat file and the diagnosis of a vanished launch

@@ -4,7 +4,7 @@ The seed's central argument ("every hunk on a shared path is gated behind the sp
 which none of these three runs use") made mechanical, at function granularity:
 
 - `Tracer`: a `sys.settrace` hook that only notes each Python code object called (it
-  returns None, so no line events). It is on from the CLI's start over the whole preflight
+  returns None, so no line events). It is on from `aleph train`'s start (train.command) over the whole preflight
   and the first steps, then off; afterwards it is switched on again only around the rare
   events of the loop (logging, resume states, weights, the end), so the steady steps run
   untraced. Measured cost: see aleph/train/README.md.

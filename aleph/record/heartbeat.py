@@ -22,13 +22,9 @@ from typing import Any
 
 from aleph._io import atomic_write_json, read_json
 from aleph.env.cgroup import memory_at, read_memory
+from aleph.record.layout import RunLayout
 
-SUFFIX = ".heartbeat.json"
 NEAR_LIMIT = 0.98  # a working set within 2% of the limit counts as at the limit
-
-
-def heartbeat_path(launch_dir: Path, launch_id: str) -> Path:
-    return Path(launch_dir) / f"{launch_id}{SUFFIX}"
 
 
 def process_memory(status: Path = Path("/proc/self/status")) -> tuple[int | None, int | None]:
@@ -113,8 +109,9 @@ class LaunchMonitor:
         self.beat()
 
 
-def read_heartbeat(launch_dir: Path, launch_id: str) -> dict[str, Any] | None:
-    path = heartbeat_path(launch_dir, launch_id)
+def read_heartbeat(run: RunLayout, launch_id: str) -> dict[str, Any] | None:
+    """The last heartbeat of launch `launch_id` of a run (RunLayout.heartbeat), or None."""
+    path = run.heartbeat(launch_id)
     try:
         data = read_json(path)
     except (OSError, ValueError):

@@ -11,8 +11,7 @@ without recording its end. Fields of an entry (docs/ARCHITECTURE.md has the full
 - `code` {revision, dirty, source_sha256, executed}, `environment`, `envelope`,
   `execution`, `inputs`: what it executed, on what, with which stores.
 
-A manifest written before these records existed has them once, at the top level
-(`code_revision`, `source_sha256`, `environment`); the readers here fall back to those.
+The manifest itself carries `format_version` (aleph.record.layout.FORMAT_VERSION).
 """
 
 from __future__ import annotations
@@ -50,17 +49,10 @@ NUMERIC_CONFIG_FIELDS = {"num_threads": "num_threads", "device": "device", "bf16
 
 
 def derive_action(entry: dict) -> str:
-    """The recorded action, or for an entry written before actions existed, a derivation
-    from its note (a launch of unknown effect counts as one that trained)."""
+    """The recorded action; a launch that has none yet (running, or lost before its first
+    heartbeat) is of unknown effect and counts as one that trained."""
     action = entry.get("action")
-    if action in ACTIONS:
-        return action
-    note = str(entry.get("note") or "")
-    if note == NOTHING_TO_TRAIN:
-        return NOOP
-    if note.endswith("before the first step"):
-        return NOTHING
-    return TRAINED
+    return action if action in ACTIONS else TRAINED
 
 
 def choose_action(step_from: int | None, step_to: int | None, status: str, note: str,
@@ -77,7 +69,7 @@ def choose_action(step_from: int | None, step_to: int | None, status: str, note:
 
 @dataclass
 class LaunchRecord:
-    """One entry of `launches[]`, read with the legacy fallbacks applied."""
+    """One entry of `launches[]`, as read_launches reads it."""
 
     index: int  # 1-based position in launches[]
     entry: dict
@@ -112,16 +104,6 @@ class LaunchRecord:
         return f"launch {self.index} ({self.launch_id}{rng})"
 
 
-def top_level_code(manifest: dict) -> dict:
-    """{revision, source_sha256} of a manifest without per-launch records: `code` (an older
-    documented layout) or the top-level `code_revision` / `source_sha256`."""
-    code = manifest.get("code")
-    if isinstance(code, dict):
-        return code
-    return {"revision": manifest.get("code_revision"),
-            "source_sha256": manifest.get("source_sha256")}
-
-
 def _steps(entry: dict) -> tuple[int | None, int | None] | None:
     steps = entry.get("steps")
     if not isinstance(steps, dict):
@@ -135,8 +117,6 @@ def read_launches(manifest: dict) -> list[LaunchRecord]:
     at to the step it reached, cut where a later launch resumed from (steps a killed launch
     made after its last resume state were redone by the next one, so they are not kept)."""
     entries = [e for e in manifest.get("launches") or [] if isinstance(e, dict)]
-    fallback_code = top_level_code(manifest)
-    fallback_env = manifest.get("environment") if isinstance(manifest.get("environment"), dict) else None
     out = []
     for i, e in enumerate(entries, start=1):
         steps = _steps(e)
@@ -150,8 +130,8 @@ def read_launches(manifest: dict) -> list[LaunchRecord]:
                     end = max(start, min(cut, end) if end is not None else cut)
                     break
             effective = (start, end)
-        code = e.get("code") if isinstance(e.get("code"), dict) else fallback_code
-        env = e.get("environment") if isinstance(e.get("environment"), dict) else fallback_env
+        code = e.get("code") if isinstance(e.get("code"), dict) else {}
+        env = e.get("environment") if isinstance(e.get("environment"), dict) else None
         out.append(LaunchRecord(i, e, derive_action(e), steps, effective, code, env,
                                 e.get("envelope") if isinstance(e.get("envelope"), dict) else None,
                                 e.get("execution") if isinstance(e.get("execution"), dict) else None))

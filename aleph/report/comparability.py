@@ -19,7 +19,7 @@ from typing import Any
 from aleph.data.tokenizer import TOKENIZER_PINS
 from aleph.eval.tasks import E1_PAIRS, E1_TASKS, HF_TASKS
 from aleph.record.launch import NUMERIC_CONFIG_FIELDS
-from aleph.train.config import OPERATIONAL, PRESETS, TrainConfig, with_added_fields
+from aleph.train.config import OPERATIONAL, PRESETS, TrainConfig
 
 E1_ROWS = 31_905_616  # target rows of E1 (the seed), each trained on for 4 epochs
 SHAPE = ("n_layers", "d_model", "n_heads", "ffn_dense", "ffn_expert", "n_anchors")
@@ -48,7 +48,7 @@ def config_differences(config: dict) -> tuple[list[str], list[str]]:
     """(score-moving, rounding-only) differences of `config` from the e1 preset: model shape
     first, then each overridden field as 'field=value (e1: value)', then the fields the
     config does not record at all (a hand-made or foreign config.json)."""
-    ref, cfg = e1_preset(), with_added_fields(config)
+    ref, cfg = e1_preset(), config
     moves, other = [], []
     absent = sorted(k for k in ref if k not in cfg and k not in OPERATIONAL and k not in ("arm", "seed"))
     if any(k not in cfg for k in SHAPE):

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aleph.errors import DataError
 from aleph.eval import rundir
 from aleph.record.executed import read_executed
 from aleph.record.launch import (
@@ -37,7 +38,7 @@ from aleph.record.launch import (
 )
 from aleph.report import code_compare, comparability, launches, store_diff
 from aleph.report.gitdiff import CodeDiff
-from aleph.train.config import ADDED_FIELDS, RESUMABLE_CHANGES, with_added_fields
+from aleph.train.config import RESUMABLE_CHANGES
 
 LEVELS = ("same", "info", "caveat", "blocker")
 
@@ -89,6 +90,14 @@ def _v(value) -> str:
 
 def _minor(version) -> str:
     return ".".join(str(version).split(".")[:2])
+
+
+def _environment(ref, source: str) -> dict:
+    """The environment the reference launch recorded; its absence is an error naming it."""
+    if ref is None or not ref.environment:
+        raise DataError(f"{source}: missing field "
+                        f"'launches[{ref.index - 1 if ref else 0}].environment'")
+    return ref.environment
 
 
 def compare_environment(d: RunDiff, ea: dict, eb: dict) -> None:
@@ -236,23 +245,17 @@ def _flatten(obj, prefix="") -> dict:
 
 
 def compare_config(d: RunDiff, ca: dict, cb: dict, executed: bool = False) -> None:
-    """Every differing field is a blocker unless it is classed above. A field that a config
-    predates (ADDED_FIELDS, e.g. `init`) counts as the value that run ran with, and says so:
-    a run initialised normal_0.02 before the field existed is not equivalent to an
-    e1_orthogonal one, and is equivalent to a later normal_0.02 one. A field that changes
+    """Every differing field is a blocker unless it is classed above (both configs are of
+    this code's format_version, so every field is recorded in both). A field that changes
     the floating-point result (threads, device, bf16, deterministic, compile) is a caveat
     "not bitwise comparable", judged from what the launches executed when both runs
     recorded it (`executed`: the execution section), else from the configs."""
     s = "config"
-    fa, fb = _flatten(with_added_fields(ca)), _flatten(with_added_fields(cb))
+    fa, fb = _flatten(ca), _flatten(cb)
     differing = sorted(k for k in set(fa) | set(fb) if fa.get(k, ...) != fb.get(k, ...))
     for key in differing:
         va, vb = fa.get(key, "absent"), fb.get(key, "absent")
         text = f"{key}: {va!r} vs {vb!r}"
-        implied = [who for who, c in (("A", ca), ("B", cb)) if key in ADDED_FIELDS and key not in c]
-        if implied:
-            text += (f" ({' and '.join(implied)} recorded no {key}: its config predates the "
-                     f"field, so it ran {ADDED_FIELDS[key]!r})")
         if key in NUMERIC_CONFIG_FIELDS:
             fact = NUMERIC_CONFIG_FIELDS[key]
             if executed:
@@ -327,17 +330,13 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
     several_a = len({r.code.get("source_sha256") for r in training_launches(ma)}) > 1
     several_b = len({r.code.get("source_sha256") for r in training_launches(mb)}) > 1
     la, lb = _label("A", ref_a, several_a), _label("B", ref_b, several_b)
-    env_a = ref_a.environment if ref_a and ref_a.environment else rundir.field(
-        ma, "environment", src_a, kind=dict)
-    env_b = ref_b.environment if ref_b and ref_b.environment else rundir.field(
-        mb, "environment", src_b, kind=dict)
-    compare_environment(d, env_a, env_b)
+    compare_environment(d, _environment(ref_a, src_a), _environment(ref_b, src_b))
     compare_envelope(lambda level, text: d.add("envelope", level, text),
                      ref_a.envelope if ref_a else None, ref_b.envelope if ref_b else None)
     xa, xb = (ref_a.execution if ref_a else None), (ref_b.execution if ref_b else None)
     compare_execution(lambda level, text: d.add("execution", level, text), xa, xb)
-    code_a = ref_a.code if ref_a else rundir.manifest_code(ma)
-    code_b = ref_b.code if ref_b else rundir.manifest_code(mb)
+    code_a = ref_a.code if ref_a else {}
+    code_b = ref_b.code if ref_b else {}
     compare_code(d, code_a, code_b, repo, la, lb, run_a, run_b)
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         _within_run(d, who, run, m, repo)

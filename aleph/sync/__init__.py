@@ -11,10 +11,28 @@ This package sits below `train` (train and cli import it; it never imports train
 report, campaign or cli).
 """
 
-from aleph.sync.dest import Destination, parse_destination
+from pathlib import Path
+
+from aleph.sync.dest import HUB_PREFIX, Destination, check_spec
 from aleph.sync.index import SyncError
 from aleph.sync.transfer import PullResult, PushResult, pull, push
 from aleph.sync.worker import Syncer
+
+
+def parse_destination(spec: str) -> Destination:
+    """The Destination a string names; SyncError naming the string if it names none.
+    (Here, not in dest: the hub and directory destinations build on dest's base class.)"""
+    problem = check_spec(spec)
+    if problem:
+        raise SyncError(f"sync destination {spec!r}: expected {problem}")
+    if spec.startswith(HUB_PREFIX):
+        from aleph.sync.hub import HubDestination
+
+        return HubDestination(spec[len(HUB_PREFIX):])
+    from aleph.sync.local import DirDestination
+
+    return DirDestination(Path(spec))
+
 
 __all__ = ["Destination", "parse_destination", "SyncError", "push", "pull", "PushResult",
            "PullResult", "Syncer"]

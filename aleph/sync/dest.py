@@ -82,20 +82,6 @@ def check_spec(spec: str) -> str | None:
     return None
 
 
-def parse_destination(spec: str) -> Destination:
-    """The Destination a string names; SyncError naming the string if it names none."""
-    problem = check_spec(spec)
-    if problem:
-        raise SyncError(f"sync destination {spec!r}: expected {problem}")
-    if spec.startswith(HUB_PREFIX):
-        from aleph.sync.hub import HubDestination
-
-        return HubDestination(spec[len(HUB_PREFIX):])
-    from aleph.sync.local import DirDestination
-
-    return DirDestination(Path(spec))
-
-
 def scrub(text: str) -> str:
     """`text` with the hub token (HF_TOKEN) masked: errors are logged, the token never is."""
     token = os.environ.get("HF_TOKEN")

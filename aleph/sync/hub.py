@@ -23,8 +23,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import aleph.sync.index as ix
 from aleph._hub import check_commit, guard_hub
-from aleph.sync import index as ix
 from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
 from aleph.sync.safefs import read_at_most

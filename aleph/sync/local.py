@@ -27,8 +27,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+import aleph.sync.index as ix
 from aleph._io import file_mode
-from aleph.sync import index as ix
 from aleph.sync.dest import Destination, pause_hook
 from aleph.sync.index import Snapshot, SyncError
 from aleph.sync.safefs import Tree, kind, open_dir_at, read_at_most

@@ -21,27 +21,21 @@ run reads only the mutable files, however many weights and states it holds.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aleph._io import atomic_write_json, read_json
 from aleph.record import layout
+from aleph.record.layout import COMPLETE, RunLayout
 
-STATE_FILE = "sync-state.json"
-"""<run>/sync-state.json: sha256 by (size, mtime, inode) of each file hashed, and the last
-push to each destination. Local only; losing it costs a re-hash, never a wrong push."""
 TOP_FILES = (layout.CONFIG, layout.MANIFEST, layout.METRICS, layout.EVAL)
 MUTABLE_TREES = (layout.LAUNCHES, layout.TB)
-CKPT_DIR, COMPLETE = layout.CHECKPOINTS, "COMPLETE"
 WEIGHTS_DIR, WEIGHTS_DONE = layout.WEIGHTS, "model_config.json"
 TOKENIZER_DIR = layout.TOKENIZER
 IN_MEMORY_MAX = 64 << 20
 """Immutable files up to this size are read into memory too (one read, no second open)."""
-_STATE_NAME = re.compile(r"step-\d{8}")
 _CHUNK = 8 << 20
 
 
@@ -58,10 +52,12 @@ class Item:
 
 
 class HashCache:
-    """sha256 of files keyed by (size, mtime_ns, inode), kept in <run>/sync-state.json."""
+    """sha256 of files keyed by (size, mtime_ns, inode), kept in <run>/sync-state.json with
+    the last push to each destination. Local only; losing it costs a re-hash, never a
+    wrong push."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / STATE_FILE
+        self.path = RunLayout(run_dir).sync_state
         try:
             state = read_json(self.path)
         except (OSError, ValueError):
@@ -134,38 +130,23 @@ def _weights(run_dir: Path) -> list[str]:
     return [rel for d in done for rel in _tree(run_dir, d.relative_to(run_dir).as_posix())]
 
 
-def _marker(state: Path) -> dict[str, dict] | None:
-    """{name: {sha256, size}} of a COMPLETE marker; {} for a legacy one (no checksums)."""
-    try:
-        text = (state / COMPLETE).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    if re.fullmatch(r"step \d+\n?", text):
-        return {}
-    try:
-        files = json.loads(text)["files"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return files if isinstance(files, dict) else None
-
-
 def resume_state(run_dir: Path, cache: HashCache) -> tuple[int, list[Item]] | None:
-    """The newest complete resume state whose files match its marker: (step, its items)."""
-    root = run_dir / CKPT_DIR
-    states = sorted((p for p in root.iterdir() if p.is_dir() and _STATE_NAME.fullmatch(p.name)),
-                    reverse=True) if root.is_dir() else []
-    for state in states:
-        marker = _marker(state)
-        if marker is None:
-            continue  # no marker yet (being written), or unreadable
-        names = sorted(marker) or sorted(p.name for p in state.iterdir() if p.is_file()
-                                         and p.name != COMPLETE)
-        items = [read_item(run_dir, f"{CKPT_DIR}/{state.name}/{n}", cache, False)
-                 for n in [*names, COMPLETE]]
+    """The newest complete resume state whose files match its marker: (step, its items).
+    States and marker are read through aleph.record.layout (a link is never a state; a
+    marker of another format version is refused, StoreError)."""
+    run = RunLayout(run_dir)
+    for state in reversed(run.complete_states()):
+        try:
+            marker = layout.read_marker(state)
+        except ValueError:
+            continue  # unreadable or damaged: not a state to push
+        names = sorted(marker)
+        base = state.relative_to(run.dir).as_posix()
+        items = [read_item(run.dir, f"{base}/{n}", cache, False) for n in [*names, COMPLETE]]
         if all(i is not None for i in items) and all(
-                not marker or (i.sha256, i.size) == (marker[n]["sha256"], marker[n]["size"])
+                (i.sha256, i.size) == (marker[n]["sha256"], marker[n]["size"])
                 for n, i in zip(names, items, strict=False)):
-            return int(state.name.split("-")[1]), items
+            return layout.step_of(state.name), items
     return None
 
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aleph.sync.index as ix
 from aleph._io import fsync_dir, sha256_file
 from aleph.record import layout
-from aleph.sync import index as ix
 from aleph.sync.dest import Destination, pause_hook
 from aleph.sync.index import Snapshot, SyncError, run_path
 from aleph.sync.select import HashCache, collect

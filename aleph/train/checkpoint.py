@@ -8,20 +8,20 @@ before its own marker is written, so at most `keep` count at any instant. Conten
 - `trainer.pt` optimiser and scheduler state dicts, RNG states of every rank (each
   rank's own CUDA device only), tensors and plain values only: it loads with
   `torch.load(weights_only=True)`, and anything needing another global is refused
-  (`load_trainer_state`; states of the earlier format through a numpy allow-list);
-- `meta.json` step, samples seen, data position (epoch, batch index within the epoch's
-  permutation, which derives from (seed, epoch) so it is not stored), world size, config hash;
-- `COMPLETE` (JSON, marker_version 2) the step and the sha256 and size of each file above.
+  (`load_trainer_state`);
+- `meta.json` format_version, step, samples seen, data position (epoch, batch index within
+  the epoch's permutation, which derives from (seed, epoch) so it is not stored), world
+  size, config hash;
+- `COMPLETE` (JSON, format_version 1) the step and the sha256 and size of each file above.
+Names, the marker and the link rules are `aleph.record.layout`'s (shared with sync).
 
 Resume (`find_resume`) verifies the newest complete state against its marker before using
 it (E1 shape: 647 MB, hashed in 0.55-0.8 s on a shared 2-core VM; see
 bench/bench_checkpoint_hash.py). A missing, unreadable, resized or changed file makes that
 state corrupt: it is renamed aside to `step-NNNNNNNN.corrupt-<UTC>` (kept for inspection,
 never deleted, no longer counted) and the previous complete state is tried; with none left
-the launch starts from step 0 and says so loudly. A marker written before checksums existed
-(the one line `step N`) is accepted with a note after a readability check (the safetensors
-header covers the file, trainer.pt's zip CRCs hold, meta.json parses): changed bytes that
-keep those intact cannot be detected in such a state.
+the launch starts from step 0 and says so loudly. A marker or meta.json of another format
+version (or none) is refused in one line (exit 2), and nothing is set aside.
 
 Pruning leaves at most `keep` complete states at every instant: the oldest are removed
 before the new state's marker is written (and again at startup, for states left by an
@@ -35,10 +35,8 @@ import io
 import json
 import os
 import random
-import re
 import shutil
 import signal
-import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,7 +48,6 @@ import torch
 
 from aleph._io import (
     DISK_FULL_ERRNOS,
-    atomic_write_json,
     check_free_space,
     disk_full_message,
     file_mode,
@@ -59,20 +56,12 @@ from aleph._io import (
     sha256_file,
 )
 from aleph.errors import QuotaError, StoreError
-from aleph.record.layout import CHECKPOINTS
-from aleph.train import legacy
+from aleph.record import layout
+from aleph.record.layout import COMPLETE, CORRUPT_TAG, FORMAT_VERSION, RunLayout
 from aleph.train.optim import device_flags, restore_device_flags
 from aleph.train.trainer_state import load_trainer_state
 
-CKPT_DIR = CHECKPOINTS
-COMPLETE = "COMPLETE"
-FORMAT_VERSION = 1
-MARKER_VERSION = 2
-"""COMPLETE as JSON with per-file sha256 and size; version 1 was the plain line `step N`."""
-FILES = ("model.safetensors", "trainer.pt", "meta.json")
-CORRUPT_TAG = ".corrupt-"
-_STATE_NAME = re.compile(r"step-\d{8}")
-_TMP_NAME = re.compile(r"step-\d{8}\.tmp-\d+")  # a save in progress (`save`)
+FILES = layout.STATE_FILES
 FAULT_ENV = "ALEPH_TRAIN_FAULT"
 FAULT_POINTS = ("before-complete", "after-complete")
 
@@ -115,34 +104,17 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     return state
 
 
-def _numpy_state(saved) -> tuple:
-    """np.random.set_state's tuple from a saved numpy state (the dict above, or the tuple
-    with a uint32 array that states of the earlier format hold)."""
-    if isinstance(saved, dict):
-        keys = saved["keys"].numpy().astype(np.uint32)
-        return saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached"]
-    return tuple(saved)  # the earlier format: np.random.get_state() as it was (legacy.py)
-
-
-def saved_cuda_state(state: dict[str, Any], index: int) -> torch.Tensor | None:
-    """The saved generator state for CUDA device `index`, or None when the state has none.
-
-    Reads both formats: one ByteTensor (this trainer) and the list of every visible
-    device's state that earlier trainers saved (get_rng_state_all), where a rank's own
-    device was entry `index`; a list too short for `index` holds no state for it.
-    """
-    saved = state.get("cuda")
-    if isinstance(saved, torch.Tensor):
-        return saved
-    return legacy.cuda_state_of_list(saved, index)
+def _numpy_state(saved: dict) -> tuple:
+    """np.random.set_state's tuple from the saved numpy state (the dict above)."""
+    keys = saved["keys"].numpy().astype(np.uint32)
+    return saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached"]
 
 
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
                   derived_seed: int | None = None) -> str:
     """Restore a rank's RNGs; returns how the CUDA generator was set ("" off CUDA).
 
-    On a CUDA `device` whose state was not saved (a CPU-saved state, or an older state
-    without this device), the generator is seeded with `derived_seed` (stream_seed of
+    On a CUDA `device` whose state was not saved (a CPU-saved state), the generator is seeded with `derived_seed` (stream_seed of
     seed, rank, step): left at the config seed, every rank would draw the same dropout masks.
     """
     random.setstate(state["python"])
@@ -150,8 +122,7 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
     torch.set_rng_state(state["torch"])
     if device is None or device.type != "cuda":
         return ""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    saved = saved_cuda_state(state, index)
+    saved = state.get("cuda")
     if saved is not None:
         torch.cuda.set_rng_state(saved, device)
         return "restored"
@@ -163,24 +134,9 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
     return "derived"
 
 
-def step_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / CKPT_DIR / f"step-{step:08d}"
-
-
-def complete_steps(run_dir: Path) -> list[Path]:
-    """Complete checkpoint directories, oldest first (states set aside as corrupt excluded)."""
-    root = Path(run_dir) / CKPT_DIR
-    if not root.is_dir():
-        return []
-    dirs = [p for p in root.iterdir()  # real directories only: a link is never a state
-            if _STATE_NAME.fullmatch(p.name) and stat.S_ISDIR(os.lstat(p).st_mode)
-            and (p / COMPLETE).is_file()]
-    return sorted(dirs, key=lambda p: p.name)
-
-
 def latest(run_dir: Path) -> tuple[Path, dict] | None:
     """The newest complete checkpoint and its meta, or None (not verified: see find_resume)."""
-    done = complete_steps(run_dir)
+    done = RunLayout(run_dir).complete_states()
     if not done:
         return None
     path = done[-1]
@@ -219,10 +175,9 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
     running out of room mid-write is one too (naming the file); either way the previous
     complete states are untouched.
     """
-    final = step_dir(run_dir, pos.step)
+    final = RunLayout(run_dir).state_dir(pos.step)
     tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-    plain = getattr(model, "_orig_mod", model)
-    weights = {k: v.detach().cpu().contiguous() for k, v in plain.state_dict().items()}
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     trainer = io.BytesIO()
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": rng_states}, trainer)
@@ -250,8 +205,7 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
         prune(run_dir, keep - 1)
         fault_point("before-complete", pos.step)
         current = final / COMPLETE
-        atomic_write_json(current, {"marker_version": MARKER_VERSION, "step": pos.step,
-                                    "files": files})  # last: the state now counts
+        layout.write_marker(final, pos.step, files)  # last: the state now counts
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno in DISK_FULL_ERRNOS:
@@ -269,7 +223,7 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
 
 def prune(run_dir: Path, keep: int) -> list[str]:
     """Delete the oldest complete states beyond the newest `keep`; returns their names."""
-    done = complete_steps(run_dir)
+    done = RunLayout(run_dir).complete_states()
     old = done[:-keep] if keep > 0 else done
     for path in old:
         shutil.rmtree(path)
@@ -284,69 +238,44 @@ def remove_incomplete(run_dir: Path, log=None) -> list[str]:
     `best-by-hand/`, `step-00000128.bak/`, a link, a state set aside as corrupt) is left
     alone, and named through `log` when one is given.
     """
-    root = Path(run_dir) / CKPT_DIR
+    run = RunLayout(run_dir)
     removed, alone = [], []
-    if not root.is_dir():
+    if not run.checkpoints.is_dir():
         return removed
-    for p in sorted(root.iterdir()):
-        real_dir = stat.S_ISDIR(os.lstat(p).st_mode)
-        ours = real_dir and (_TMP_NAME.fullmatch(p.name) or (
-            _STATE_NAME.fullmatch(p.name) and not (p / COMPLETE).is_file()))
+    for p in sorted(run.checkpoints.iterdir()):
+        state = run.is_state_dir(p)
+        ours = (state and not os.path.lexists(p / COMPLETE)) or (
+            layout.is_unfinished_save(p.name) and not p.is_symlink() and p.is_dir())
         if ours:
             shutil.rmtree(p)
             removed.append(p.name)
-        elif not (real_dir and _STATE_NAME.fullmatch(p.name)) and CORRUPT_TAG not in p.name:
+        elif not state and CORRUPT_TAG not in p.name:
             alone.append(p.name)
     if alone and log is not None:
-        log(f"checkpoints/: left alone (not written by the trainer): {', '.join(alone)}")
+        log(f"{run.checkpoints.relative_to(run.dir)}/: left alone (not written by the trainer): "
+            f"{', '.join(alone)}")
     return removed
 
 
 # --- verification -------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Check:
-    """Verdict on one complete state: `problem` None when intact; `legacy` for a marker
-    without checksums (only readability was checked)."""
-
-    problem: str | None
-    legacy: bool = False
-
-
 def _why(e: OSError) -> str:
     return e.strerror or type(e).__name__
 
 
-def verify_state(path: Path) -> Check:
-    """Check a complete state's files against its COMPLETE marker; problems name the file."""
+def verify_state(path: Path) -> str | None:
+    """What is wrong with a complete state against its COMPLETE marker (naming the file), or
+    None when intact; a marker of another format version raises (layout.read_marker)."""
     path = Path(path)
     try:
-        text = (path / COMPLETE).read_text(encoding="utf-8")
-    except OSError as e:
-        return Check(f"{COMPLETE}: unreadable ({_why(e)})")
-    except UnicodeDecodeError:
-        return Check(f"{COMPLETE}: not text (expected JSON with each file's sha256 and size)")
-    if legacy.LEGACY_MARKER.fullmatch(text):
-        return Check(legacy.check_legacy_state(path, FILES), legacy=True)
-    try:
-        marker = json.loads(text)
-        files = marker["files"]
-        ok = (marker.get("marker_version") == MARKER_VERSION and isinstance(files, dict)
-              and set(FILES) <= set(files) and all(
-                  isinstance(r, dict) and isinstance(r.get("sha256"), str)
-                  and type(r.get("size")) is int for r in files.values()))
-    except (ValueError, TypeError, KeyError):
-        ok = False
-    if not ok:
-        return Check(f"{COMPLETE}: not a valid marker (expected JSON marker_version "
-                     f"{MARKER_VERSION} with the sha256 and size of {', '.join(FILES)})")
-    if marker.get("step") != int(path.name.split("-")[1]):
-        return Check(f"{COMPLETE}: records step {marker.get('step')!r}, the directory is {path.name}")
+        files = layout.read_marker(path)
+    except ValueError as e:
+        return str(e)
     for name in [*FILES, *sorted(set(files) - set(FILES))]:
         problem = _check_file(path / name, files[name])
         if problem:
-            return Check(f"{name}: {problem}")
-    return Check(None)
+            return f"{name}: {problem}"
+    return None
 
 
 def _check_file(path: Path, rec: dict) -> str | None:
@@ -384,22 +313,19 @@ def set_aside(path: Path) -> Path:
 def find_resume(run_dir: Path, log) -> tuple[Path, dict] | None:
     """The newest intact complete state and its meta, or None; corrupt ones are set aside.
 
-    Logs one line per corrupt state (the file and what is wrong with it), one note for a
-    marker without checksums, and a loud line when states existed but none is intact.
+    Logs one line per corrupt state (the file and what is wrong with it) and a loud line
+    when states existed but none is intact.
     """
     run_dir = Path(run_dir)
     aside = []
-    for path in reversed(complete_steps(run_dir)):
+    for path in reversed(RunLayout(run_dir).complete_states()):
         rel = path.relative_to(run_dir)
-        check = verify_state(path)
-        if check.problem is None:
-            if check.legacy:
-                log(f"resume: {rel}/{COMPLETE} has no checksums (written by an earlier trainer): "
-                    "accepted after a readability check; changed bytes in it cannot be detected")
+        problem = verify_state(path)
+        if problem is None:
             return path, read_json(path / "meta.json")
         moved = set_aside(path)
         aside.append(moved.name)
-        log(f"resume: {rel}/{check.problem}; set aside as {moved.relative_to(run_dir)} "
+        log(f"resume: {rel}/{problem}; set aside as {moved.relative_to(run_dir)} "
             "(kept for inspection, no longer a resume state); trying the previous state")
     if aside:
         log(f"resume: WARNING: FRESH START from step 0: none of the {len(aside)} complete resume "
@@ -408,21 +334,20 @@ def find_resume(run_dir: Path, log) -> tuple[Path, dict] | None:
     return None
 
 
-def load(path: Path, model: torch.nn.Module, optimizer, scheduler,
-         log=None) -> tuple[Position, list[dict], dict]:
+def load(path: Path, model: torch.nn.Module, optimizer,
+         scheduler) -> tuple[Position, list[dict], dict]:
     """Load a complete state into model/optimiser/scheduler; returns position, RNG states, meta."""
-    meta = read_json(path / "meta.json")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise StoreError(f"{path}/meta.json: format_version {meta.get('format_version')!r}, "
-                         f"this trainer reads {FORMAT_VERSION}")
-    trainer, earlier = load_trainer_state(path)  # before anything is changed in the model
-    if earlier and log is not None:
-        log(f"resume: {Path(path).name}/trainer.pt is of the earlier format (numpy RNG state as "
-            "an array): loaded through the numpy allow-list; later states are written in the "
-            "current format")
-    plain = getattr(model, "_orig_mod", model)
+    meta = layout.check_version(path / "meta.json", read_json(path / "meta.json"))
+    trainer = load_trainer_state(path)  # before anything is changed in the model
     state = safetensors.torch.load_file(str(path / "model.safetensors"))
-    plain.load_state_dict(state, strict=True)
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    if missing or unexpected or bad:  # e.g. weights of another layout of the model
+        raise StoreError(f"{path / 'model.safetensors'}: does not match the model this config "
+                         f"builds: missing {missing[:3]}, unexpected {unexpected[:3]}, wrong "
+                         f"shape {bad[:3]}")
+    model.load_state_dict(state, strict=True)
     built = device_flags(optimizer)
     optimizer.load_state_dict(trainer["optimizer"])
     restore_device_flags(optimizer, built)  # the fused kernel follows the device, not the state

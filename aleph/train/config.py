@@ -10,73 +10,53 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import typing
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
+from aleph._fields import AT_LEAST_0, POSITIVE, POSITIVE_INT, Rule, check_fields, rule
 from aleph._io import short_repr
 from aleph.env import laws
 from aleph.errors import ConfigError
-from aleph.model.config import ARMS, INIT_BEFORE_FIELD, INIT_SCHEMES
+from aleph.model.config import Arm, ModelConfig, ModelShape
 from aleph.sync.dest import check_spec
+from aleph.train.config_text import coerce, fields_help, load_file, parse_override, with_suggestion
 
-STORE_IMPLEMENTATIONS = ("auto", "streaming", "in_ram")
-DEVICES = ("auto", "cpu", "cuda")
 REDACTED = "<redacted>"
-_NOT_ADDED = object()
 
 
-def knob(default: Any, *, resumable: bool, basis: bool, added: Any = _NOT_ADDED,
-         secret: bool = False):
-    """A TrainConfig field with its facts, declared where the field is:
+def knob(default: Any, *checks: Rule, resumable: bool, basis: bool, secret: bool = False,
+         term: str | None = None):
+    """A TrainConfig field with its value rules (`checks`, aleph._fields) and its facts,
+    declared where the field is:
     resumable: may change between launches of one run (check_same_run lets it);
     basis: defines which runs compare (`aleph report`: equal values, arm and seed aside);
-    added: the value a config.json written before the field existed ran with;
-    secret: never written to a file, log or echo."""
-    facts = {"resumable": resumable, "basis": basis, "secret": secret}
-    if added is not _NOT_ADDED:
-        facts["added"] = added
+    secret: never written to a file, log or echo;
+    term: the field is the weight of this term of the objective (aleph.model.objective)."""
+    facts = {"resumable": resumable, "basis": basis, "secret": secret, "checks": checks}
+    if term is not None:
+        facts["term"] = term
     return field(default=default, metadata=facts)
 
 
 # ModelConfig fields TrainConfig does not carry: they come from the data (or, arm, from above).
 MODEL_FIELDS_FROM_DATA = ("vocab_size", "pad_id", "out_dim")
-MODEL_TRAIN_DEFAULTS = {"dropout": 0.1}
-"""Where training's default differs from ModelConfig's (dropout: E1's value is not public,
-0.1 (BERT's) is our choice; ModelConfig's 0 is inference's)."""
-MODEL_ADDED = {"init": INIT_BEFORE_FIELD}
 
-
-def _with_model_fields(cls):
-    """Give TrainConfig every shape field of ModelConfig (type, default, docstring come from
-    there), after `allow_input_change`: one declaration, so a new model field needs no copy."""
-    from aleph.model.config import ModelConfig
-
-    annotations = {}
-    for name, ann in cls.__annotations__.items():
-        annotations[name] = ann
-        if name != "allow_input_change":
-            continue
-        for f in fields(ModelConfig):
-            if f.name in (*MODEL_FIELDS_FROM_DATA, "arm"):
-                continue
-            annotations[f.name] = f.type
-            extra = {"added": MODEL_ADDED[f.name]} if f.name in MODEL_ADDED else {}
-            setattr(cls, f.name, knob(MODEL_TRAIN_DEFAULTS.get(f.name, f.default),
-                                      resumable=False, basis=True, **extra))
-    cls.__annotations__ = annotations
-    return cls
+SOME_TERM = rule(lambda v, c: any(w > 0 for w in loss_weights(c).values()),
+                 lambda c: " or ".join(f.name for f in fields(c) if "term" in f.metadata)
+                 + " > 0 (all are 0: nothing to train)")
+"""The rule every loss weight declares (with AT_LEAST_0): not all of them 0."""
 
 
 @dataclass(frozen=True)
-@_with_model_fields
-class TrainConfig:
-    """Every knob of one training run; see docs on each field."""
+class TrainConfig(ModelShape):
+    """Every knob of one training run; see docs on each field. The encoder's shape fields
+    (max_len ... checkpointing) are ModelShape's, with their rules and docstrings there."""
 
     # --- identity -------------------------------------------------------------------
-    arm: str = knob("a2_dense", resumable=False, basis=False)
+    arm: Arm = knob("a2_dense", resumable=False, basis=False)
     """Model arm: a1_anchored (learned anchors), a2_dense (dense control), a3_random (frozen anchors)."""
-    seed: int = knob(0, resumable=False, basis=False)
+    seed: int = knob(0, AT_LEAST_0, resumable=False, basis=False)
     """Seed of the model init, the data order (permutation of epoch e derives from (seed, e)) and dropout."""
     preset: str = knob("e1", resumable=False, basis=True)
     """Name of the preset the config started from. It names the run directory (e1 runs are
@@ -87,7 +67,7 @@ class TrainConfig:
     smoke_data: bool = knob(False, resumable=False, basis=True)
     """Use the embedded, generated smoke data under <work>/data/smoke-<smoke_rows> (offline). Then captions,
     targets and tokenizer must be left empty: they come from the smoke data."""
-    smoke_rows: int = knob(4096, resumable=False, basis=True)
+    smoke_rows: int = knob(4096, POSITIVE_INT, resumable=False, basis=True)
     """Rows of the generated smoke data (only with smoke_data); each size has its own directory."""
     captions: str = knob("", resumable=False, basis=False)
     """Caption source: a text/jsonl/json/parquet file or a HF dataset id (row i pairs with target row i)."""
@@ -95,7 +75,7 @@ class TrainConfig:
     """Field (JSON/JSONL), column (parquet) or dataset column holding the caption text."""
     targets: tuple[str, ...] = knob((), resumable=False, basis=False)
     """Target sources: the chunk files (or one directory of them) of the 768-d teacher consensus."""
-    target_dim: int = knob(0, resumable=False, basis=True, added=0)
+    target_dim: int = knob(0, AT_LEAST_0, resumable=False, basis=True)
     """Width the targets must have: 0 = 768 (E1's teacher consensus) for the e1 preset, any
     width for other presets; set it to train an e1 arm on targets of another width on purpose."""
     tokenizer: str = knob("bert-base-uncased", resumable=False, basis=False)
@@ -104,10 +84,10 @@ class TrainConfig:
     hf_token: str | None = knob(None, resumable=True, basis=False, secret=True)
     """Token for gated HF downloads of captions or tokenizer, exported as HF_TOKEN for
     huggingface_hub (secret: redacted in every echo and in config.json)."""
-    store_implementation: str = knob("auto", resumable=True, basis=False)
+    store_implementation: Literal["auto", "streaming", "in_ram"] = knob("auto", resumable=True, basis=False)
     """Target store: 'auto' lets the store's quota planner choose (choice and reason are logged),
     or force 'streaming' (memmap) or 'in_ram'."""
-    store_headroom_gib: float = knob(16.0, resumable=True, basis=False)
+    store_headroom_gib: float = knob(16.0, AT_LEAST_0, resumable=True, basis=False)
     """Memory the target store planner keeps free beside the store for the rest of the process
     (CUDA context, model and optimiser host copies, token store, interpreter), in GiB: an
     implementation is allowed when its predicted peak <= memory limit - headroom. Capped at a
@@ -120,165 +100,127 @@ class TrainConfig:
     """Let a resumed launch continue although its target or token store's content differs from
     what the run trained on so far (refused by default, naming both content hashes). The change
     is logged and recorded in this launch's manifest.json entry (input_change_allowed)."""
-    allow_misaligned: bool = knob(False, resumable=True, basis=False, added=False)
+    allow_misaligned: bool = knob(False, resumable=True, basis=False)
     """Train an e1 run although the preflight's alignment check (`aleph data check-align` on a
     sample) finds that caption row i does not pair with target row i (refused by default,
     with the figures); the figures are recorded in the launch's manifest.json entry
     (misalignment_allowed)."""
 
     # --- objective ------------------------------------------------------------------
-    tau: float = knob(0.07, resumable=False, basis=True)
+    tau: float = knob(0.07, POSITIVE, resumable=False, basis=True)
     """InfoNCE temperature of the distillation loss."""
-    w_nce: float = knob(1.0, resumable=False, basis=True)
+    w_nce: float = knob(1.0, AT_LEAST_0, SOME_TERM, resumable=False, basis=True, term="nce")
     """Weight of the symmetric InfoNCE term."""
-    w_mse: float = knob(1.0, resumable=False, basis=True)
+    w_mse: float = knob(1.0, AT_LEAST_0, SOME_TERM, resumable=False, basis=True, term="mse")
     """Weight of the per-sample MSE-to-target term."""
 
     # --- optimisation ---------------------------------------------------------------
-    batch_size: int = knob(256, resumable=False, basis=True)
+    batch_size: int = knob(256, POSITIVE_INT, resumable=False, basis=True)
     """GLOBAL batch (rows per optimiser step, summed over all ranks; each rank takes
     batch_size / world_size). The InfoNCE negatives are the whole global batch. E1's value is
     not public: 256 is our choice."""
-    lr: float = knob(5e-4, resumable=False, basis=True)
+    lr: float = knob(5e-4, POSITIVE, resumable=False, basis=True)
     """Peak AdamW learning rate, the same for any world size (the global batch is fixed).
     E1's value is not public: 5e-4 is our choice for a 12x512 encoder at batch 256."""
-    weight_decay: float = knob(0.01, resumable=False, basis=True)
+    weight_decay: float = knob(0.01, AT_LEAST_0, resumable=False, basis=True)
     """AdamW decoupled weight decay."""
-    betas: tuple[float, float] = knob((0.9, 0.999), resumable=False, basis=True)
+    betas: tuple[float, float] = knob((0.9, 0.999), rule(
+        lambda v, c: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"), resumable=False, basis=True)
     """AdamW betas."""
-    eps: float = knob(1e-8, resumable=False, basis=True)
+    eps: float = knob(1e-8, POSITIVE, resumable=False, basis=True)
     """AdamW epsilon."""
-    warmup_steps: int = knob(2000, resumable=False, basis=True)
+    warmup_steps: int = knob(2000, AT_LEAST_0, resumable=False, basis=True)
     """Linear warmup steps: step k < warmup uses lr * (k+1)/warmup. Then cosine decay that reaches
     min_lr_ratio * lr at the end of the schedule (the last step itself is one cosine step above it)."""
-    min_lr_ratio: float = knob(0.0, resumable=False, basis=True)
+    min_lr_ratio: float = knob(0.0, rule(lambda v, c: 0 <= v <= 1, "a number in [0, 1]"),
+                               resumable=False, basis=True)
     """Floor of the cosine decay, as a fraction of lr."""
-    grad_clip: float = knob(1.0, resumable=False, basis=True)
+    grad_clip: float = knob(1.0, AT_LEAST_0, resumable=False, basis=True)
     """Clip the global grad norm to this (0 disables clipping; the norm is still checked finite)."""
-    epochs: int = knob(4, resumable=False, basis=True)
+    epochs: int = knob(4, POSITIVE_INT, resumable=False, basis=True)
     """Passes over the rows (E1: 4). The last incomplete global batch of each epoch is dropped."""
-    max_steps: int = knob(0, resumable=False, basis=True)
+    max_steps: int = knob(0, AT_LEAST_0, resumable=False, basis=True)
     """Stop after this many optimiser steps (0 = all epochs). The schedule still spans all epochs
     unless max_steps is smaller, in which case it spans max_steps."""
 
     # --- execution ------------------------------------------------------------------
-    device: str = knob("auto", resumable=True, basis=True)
+    device: Literal["auto", "cpu", "cuda"] = knob("auto", resumable=True, basis=True)
     """'auto' (CUDA when available), 'cpu' or 'cuda'."""
     bf16: bool = knob(True, resumable=False, basis=True)
     """bf16 autocast of the forward pass on CUDA (ignored on CPU, where it is always fp32)."""
     compile: bool = knob(False, resumable=False, basis=True)
     """torch.compile the model in place. Exclusive with checkpointing on torch 2.4 (law 2)."""
-    alloc_cap_fraction: float | None = knob(None, resumable=True, basis=False)
+    alloc_cap_fraction: float | None = knob(None, rule(
+        lambda v, c: v is None or 0 < v <= 1, "a fraction in (0, 1] or null"), resumable=True, basis=False)
     """torch.cuda.set_per_process_memory_fraction for the training GPU (None = no cap)."""
     vram_probe: bool = knob(True, resumable=True, basis=False)
     """Require the VRAM probe to pass on CUDA (free memory >= vram_required_gib) before building."""
-    vram_required_gib: float = knob(0.0, resumable=True, basis=False)
+    vram_required_gib: float = knob(0.0, AT_LEAST_0, resumable=True, basis=False)
     """Free GPU memory the run needs; 0 = estimate from parameters, optimiser state and batch."""
-    num_threads: int = knob(0, resumable=True, basis=True)
+    num_threads: int = knob(0, AT_LEAST_0, resumable=True, basis=True)
     """torch CPU threads (0 = torch's default)."""
     deterministic: bool = knob(False, resumable=False, basis=True)
     """torch.use_deterministic_algorithms(True): bitwise-repeatable runs (slower on CUDA; sets
     CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set, as cuBLAS requires)."""
 
     # --- cadence --------------------------------------------------------------------
-    ckpt_every_steps: int = knob(2000, resumable=True, basis=False)
+    ckpt_every_steps: int = knob(2000, AT_LEAST_0, resumable=True, basis=False)
     """Write resume state every this many steps (0 = never by step count)."""
-    ckpt_every_minutes: float = knob(30.0, resumable=True, basis=False)
+    ckpt_every_minutes: float = knob(30.0, AT_LEAST_0, resumable=True, basis=False)
     """Also write resume state when this many minutes passed since the last one (0 = never)."""
-    keep_checkpoints: int = knob(2, resumable=True, basis=False)
+    keep_checkpoints: int = knob(2, rule(
+        lambda v, c: v >= 2, "at least 2 (a torn newest state must leave an older one)"), resumable=True, basis=False)
     """Complete resume states kept (at least 2, so a torn newest one still leaves one)."""
-    weights_every_steps: int = knob(0, resumable=True, basis=False)
+    weights_every_steps: int = knob(0, AT_LEAST_0, resumable=True, basis=False)
     """Export periodic weights to weights/step-N every this many steps (0 = final only)."""
-    log_every_steps: int = knob(50, resumable=True, basis=False)
+    log_every_steps: int = knob(50, POSITIVE_INT, resumable=True, basis=False)
     """TensorBoard scalar cadence in steps (health gauges at the same cadence)."""
-    progress_every_seconds: float = knob(30.0, resumable=True, basis=False)
+    progress_every_seconds: float = knob(30.0, POSITIVE, resumable=True, basis=False)
     """Console progress/ETA line cadence."""
-    defer_step_sync: bool = knob(False, resumable=True, basis=False, added=False)
+    defer_step_sync: bool = knob(False, resumable=True, basis=False)
     """CUDA (fused AdamW): read each step's loss and gradient norm during the next step
     instead of before its own update, so the GPU queue never drains; a non-finite step is
     skipped on the device and raised before the next update. Same values either way. Off
     until bench/gpu_check.py's `deferred sync` item shows it faster on the GPU; no effect on
     CPU (the single-tensor AdamW there has no device-side skip)."""
-    collective_timeout_s: float = knob(600.0, resumable=True, basis=False, added=21600.0)
+    collective_timeout_s: float = knob(600.0, rule(  # heartbeats every timeout/4, <= 5 s
+        lambda v, c: v >= 1, "a number of seconds >= 1"), resumable=True, basis=False)
     """Under torchrun: a collective that waits longer than this fails, naming the rank that
     stopped answering (by its heartbeat in the c10d store). Rank 0's long one-off work
     (store builds, resume-state saves) is waited for by polling, so it never trips this."""
-    heartbeat_seconds: float = knob(5.0, resumable=True, basis=False)
+    heartbeat_seconds: float = knob(5.0, POSITIVE, resumable=True, basis=False)
     """Rewrite launches/<launch id>.heartbeat.json (step, RSS, memory cgroup usage, limit and
     OOM-kill counter) every this many seconds, so the next launch can say how a launch that
     vanished ended (e.g. "likely killed by the cgroup OOM killer at X of Y bytes")."""
 
     # --- off-box sync (aleph.sync) -------------------------------------------------------
-    sync_to: str = knob("", resumable=True, basis=False, added="")
+    sync_to: str = knob("", rule(lambda v, c: not (v and check_spec(v)),
+                                   lambda c: f"empty (off) or {check_spec(c.sync_to)}"), resumable=True, basis=False)
     """Where the run is copied while it trains, so a lost VM loses little: empty = off;
     hf:<namespace>/<repo> (a hub model repo, created private; token from HF_TOKEN or hf_token,
     never written to any file or log) or an existing directory as an absolute path (a mounted
     bucket, NFS share, second disk). `aleph runs pull` restores the run elsewhere."""
-    sync_every_minutes: float = knob(30.0, resumable=True, basis=False, added=30.0)
+    sync_every_minutes: float = knob(30.0, AT_LEAST_0, resumable=True, basis=False)
     """Least minutes between two syncs while training, each after a complete resume state
     (0 = after every one); a final sync comes at the end and at a stop. A lost VM loses at
     most this much training, rounded up to the next resume state."""
 
+    # --- the encoder's shape: ModelShape's fields; only dropout's default differs ----
+    dropout: float = field(default=0.1, metadata=ModelShape.__dataclass_fields__["dropout"].metadata)
+    """Dropout on embeddings, attention probabilities and block outputs. E1's value is not
+    public: 0.1 (BERT's) is our choice for training (ModelConfig's 0 is inference's)."""
+
     def __post_init__(self) -> None:
-        _check_types(self)
-        _check_values(self)
+        check_fields(self, "config field {!r}")  # each field's type and rules
+        _check_sources(self)
+        laws.check_compile_checkpointing(self.compile, self.checkpointing)
 
 
-def _check_values(c: TrainConfig) -> None:
+def _check_sources(c: TrainConfig) -> None:
+    """The data fields as a whole: the smoke data, or captions, targets and tokenizer."""
     def bad(name: str, expected: str) -> ConfigError:
         return ConfigError(f"config field {name!r}: got {short_repr(getattr(c, name))}, expected {expected}")
 
-    for f in fields(c):  # inf/nan pass every comparison below that is written as `not x > 0`
-        value = getattr(c, f.name)
-        numbers = value if isinstance(value, tuple) else (value,)
-        if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
-            raise bad(f.name, "a finite number")
-    if c.arm not in ARMS:
-        raise bad("arm", f"one of {', '.join(ARMS)}")
-    if c.store_implementation not in STORE_IMPLEMENTATIONS:
-        raise bad("store_implementation", f"one of {', '.join(STORE_IMPLEMENTATIONS)}")
-    if c.device not in DEVICES:
-        raise bad("device", f"one of {', '.join(DEVICES)}")
-    if c.init not in INIT_SCHEMES:
-        raise bad("init", f"one of {', '.join(INIT_SCHEMES)}")
-    positive = ("max_len", "d_model", "n_layers", "n_heads", "batch_size", "epochs", "smoke_rows",
-                "n_anchors", "ffn_dense", "ffn_expert", "log_every_steps")
-    for name in positive:
-        if getattr(c, name) <= 0:
-            raise bad(name, "a positive integer")
-    for name in ("lr", "tau", "eps", "address_tau", "progress_every_seconds", "heartbeat_seconds"):
-        if not getattr(c, name) > 0:
-            raise bad(name, "a positive number")
-    if not c.collective_timeout_s >= 1:  # its heartbeat comes every timeout/4 (at most 5 s)
-        raise bad("collective_timeout_s", "a number of seconds >= 1")
-    nonneg = ("seed", "warmup_steps", "max_steps", "ckpt_every_steps", "weights_every_steps",
-              "num_threads", "weight_decay", "grad_clip", "ckpt_every_minutes", "vram_required_gib",
-              "w_nce", "w_mse", "min_lr_ratio", "store_headroom_gib", "target_dim",
-              "sync_every_minutes")
-    for name in nonneg:
-        if getattr(c, name) < 0:
-            raise bad(name, "a number >= 0")
-    if c.d_model % c.n_heads:
-        raise bad("n_heads", f"a divisor of d_model={c.d_model}")
-    if not 0 <= c.dropout < 1:
-        raise bad("dropout", "a number in [0, 1)")
-    if c.min_lr_ratio > 1:
-        raise bad("min_lr_ratio", "a number in [0, 1]")
-    if not all(0 <= b < 1 for b in c.betas) or len(c.betas) != 2:
-        raise bad("betas", "two numbers in [0, 1)")
-    if c.keep_checkpoints < 2:
-        raise bad("keep_checkpoints", "at least 2 (a torn newest state must leave an older one)")
-    if c.alloc_cap_fraction is not None and not 0 < c.alloc_cap_fraction <= 1:
-        raise bad("alloc_cap_fraction", "a fraction in (0, 1] or null")
-    if c.w_nce == 0 and c.w_mse == 0:
-        raise bad("w_mse", "w_nce or w_mse > 0 (both are 0: nothing to train)")
-    if c.sync_to and check_spec(c.sync_to):
-        raise bad("sync_to", f"empty (off) or {check_spec(c.sync_to)}")
-    _check_sources(c, bad)
-    laws.check_compile_checkpointing(c.compile, c.checkpointing)
-
-
-def _check_sources(c: TrainConfig, bad) -> None:
     if c.smoke_data:
         for name in ("captions", "targets"):
             if getattr(c, name):
@@ -292,40 +234,9 @@ def _check_sources(c: TrainConfig, bad) -> None:
         raise bad("tokenizer", "a tokenizer name or directory (empty only with smoke_data=true)")
 
 
-def _check_types(c: TrainConfig) -> None:
-    """Coerce lists to tuples and check every field against its annotation."""
-    for f in fields(c):
-        value = getattr(c, f.name)
-        if isinstance(value, list):
-            value = tuple(value)
-            object.__setattr__(c, f.name, value)
-        if not _type_ok(f.type, value):
-            raise ConfigError(f"config field {f.name!r}: got {short_repr(value)} ({type(value).__name__}), "
-                              f"expected {f.type}")
-        # An int where a float is declared (`--set alloc_cap_fraction=1`, `lr: 1` in YAML)
-        # becomes a float here: torch 2.4.1 APIs such as set_per_process_memory_fraction
-        # raise TypeError on an int, and the echoed config shows what was used.
-        if f.type in ("float", "float | None") and isinstance(value, int):
-            object.__setattr__(c, f.name, float(value))
-        elif f.type == "tuple[float, float]" and any(isinstance(x, int) for x in value):
-            object.__setattr__(c, f.name, tuple(float(x) for x in value))
-
-
-def _type_ok(annotation: str, value: Any) -> bool:
-    if isinstance(value, bool):  # bool is an int subclass: only accept it where declared
-        return annotation == "bool"
-    checks = {
-        "bool": lambda v: False,  # a real bool returned above; anything else is wrong
-        "str": lambda v: isinstance(v, str),
-        "int": lambda v: isinstance(v, int),
-        "float": lambda v: isinstance(v, (int, float)),
-        "str | None": lambda v: v is None or isinstance(v, str),
-        "float | None": lambda v: v is None or isinstance(v, (int, float)),
-        "tuple[str, ...]": lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
-        "tuple[float, float]": lambda v: isinstance(v, tuple)
-        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v),
-    }
-    return checks[annotation](value)
+def loss_weights(cfg: TrainConfig) -> dict[str, float]:
+    """{term of the objective: its weight}, from the fields declared with `term=`."""
+    return {f.metadata["term"]: getattr(cfg, f.name) for f in fields(cfg) if "term" in f.metadata}
 
 
 # --- presets ----------------------------------------------------------------------------
@@ -349,25 +260,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def field_names() -> list[str]:
-    return [f.name for f in fields(TrainConfig)]
-
-
 def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | None = None,
             **direct: Any) -> TrainConfig:
     """Build the frozen config; unknown keys raise ConfigError naming them."""
-    from aleph.train.config_text import coerce_field, load_file, parse_override, with_suggestion
-
+    hints = typing.get_type_hints(TrainConfig)
     if preset not in PRESETS:
         raise ConfigError(f"preset {preset!r}: expected one of {', '.join(PRESETS)}")
     values: dict[str, Any] = dict(PRESETS[preset])
     layers: list[tuple[str, dict[str, Any]]] = []
     if file:
         data = load_file(file)
-        layers.append((f"config file {file}", {k: coerce_field(k, v) for k, v in data.items()}))
-    layers.append(("--set", dict(parse_override(o) for o in overrides or [])))
+        layers.append((f"config file {file}", {k: coerce(hints.get(k), v) for k, v in data.items()}))
+    layers.append(("--set", dict(parse_override(o, hints) for o in overrides or [])))
     layers.append(("command line", {k: v for k, v in direct.items() if v is not None}))
-    known = set(field_names())
+    known = {f.name for f in fields(TrainConfig)}
     for origin, layer in layers:
         unknown = sorted(set(layer) - known)
         if unknown:
@@ -378,17 +284,16 @@ def resolve(preset: str = "e1", file: str | None = None, overrides: list[str] | 
     return TrainConfig(**values)
 
 
-def model_config(cfg: TrainConfig, vocab_size: int, pad_id: int, out_dim: int = 768):
-    """The ModelConfig of a run: every model field of the same name, plus the data's sizes.
+def help_text() -> str:
+    """Every field, its type, default and docstring's first line: `aleph train --help`."""
+    return fields_help(TrainConfig, PRESETS)
 
-    TrainConfig carries the model's shape fields flat (so `--set d_model=...` works), derived
-    from ModelConfig (`_with_model_fields`), so they are copied here by name.
-    """
-    from aleph.model.config import ModelConfig
 
-    shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)
-              if f.name not in MODEL_FIELDS_FROM_DATA}
-    return ModelConfig(**shared, vocab_size=vocab_size, pad_id=pad_id, out_dim=out_dim)
+def model_config(cfg: TrainConfig, vocab_size: int, pad_id: int, out_dim: int = 768) -> ModelConfig:
+    """The ModelConfig of a run: its arm and shape (TrainConfig inherits ModelShape, so
+    `--set d_model=...` works), plus the data's sizes."""
+    shape = {f.name: getattr(cfg, f.name) for f in fields(ModelShape)}
+    return ModelConfig(**shape, arm=cfg.arm, vocab_size=vocab_size, pad_id=pad_id, out_dim=out_dim)
 
 
 def to_dict(cfg: TrainConfig, redact: bool = True) -> dict[str, Any]:
@@ -419,20 +324,11 @@ trains, but num_threads and device change the floating-point rounding (each laun
 its execution facts; `aleph runs diff` names such a change as not bitwise comparable)."""
 OPERATIONAL = frozenset(k for k, v in _facts("basis").items() if not v)
 """Fields that do not define a run's comparability basis (arm and seed are compared apart)."""
-ADDED_FIELDS: dict[str, Any] = _facts("added")
-"""Fields added after run directories had been recorded, with the value that a config.json
-written without them ran with (read so by check_same_run and `aleph runs diff`)."""
 SECRET_FIELDS = tuple(k for k, v in _facts("secret").items() if v)
-
-
-def with_added_fields(saved: dict[str, Any]) -> dict[str, Any]:
-    """A recorded config with every field it predates filled in with the value it ran with."""
-    return {**ADDED_FIELDS, **saved}
 
 
 def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
     """Refuse to resume a run directory with a config that computes something else."""
-    saved = with_added_fields(saved)
     now = to_dict(cfg)
     diff = sorted(k for k in set(saved) | set(now)
                   if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
@@ -441,6 +337,3 @@ def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
         raise ConfigError(f"this run directory was started with a different config ({detail}); "
                           "use another --seed/arm or remove the run directory")
 
-
-__all__ = ["TrainConfig", "PRESETS", "ARMS", "resolve", "to_dict", "echo", "check_same_run",
-           "field_names"]

@@ -1,18 +1,20 @@
 """A config as text: files (JSON, YAML without aliases), `--set key=value` overrides coerced
-to each field's declared type, and the fields' documentation for `aleph train --help`."""
+to each field's declared type, and the fields' documentation for `aleph train --help`.
+Generic over the config class (given by the caller): nothing here imports config.py."""
 
 from __future__ import annotations
 
 import difflib
 import json
 import re
+import typing
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from aleph._fields import accepts, type_text
 from aleph._io import load_yaml, read_bounded, short_repr
 from aleph.errors import ConfigError
-from aleph.train.config import PRESETS, TrainConfig
 
 CONFIG_MAX_BYTES = 1 << 20  # a config is a flat mapping of ~60 fields: a few KiB
 
@@ -55,7 +57,6 @@ def _yaml_where(e: Exception) -> str:
 # *strings* (its float pattern wants a dot and a signed exponent), so numbers are taken
 # from the text by the field's declared type, not by YAML's guess.
 _NUMBER = re.compile(r"[+-]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-_ANNOTATIONS = {f.name: f.type for f in fields(TrainConfig)}
 
 
 def _as_float(value: Any) -> Any:
@@ -64,34 +65,35 @@ def _as_float(value: Any) -> Any:
     return value
 
 
-def coerce_field(key: str, value: Any, raw: str | None = None) -> Any:
-    """`value` (parsed from YAML, or `raw` text of a --set) as field `key` declares it.
+def coerce(tp: Any, value: Any, raw: str | None = None) -> Any:
+    """`value` (parsed from YAML, or `raw` text of a --set) as the annotation `tp` declares it.
 
     Float fields accept any decimal spelling ("1e-3" included); string fields keep the text
-    as written ("--set captions_column=2024" is the string "2024"); the two-float tuple
-    accepts "0.9,0.98". Anything else is left for the type check to report, naming the field.
+    as written ("--set captions_column=2024" is the string "2024"); a tuple accepts
+    "0.9,0.98". Anything else is left for the type check to report, naming the field.
     """
-    ann = _ANNOTATIONS.get(key)
-    if ann in ("float", "float | None"):
-        return _as_float(value)
-    if ann in ("str", "str | None") and raw is not None and not isinstance(value, str):
-        if value is None and ann == "str | None":
-            return None
-        return raw.strip()
-    if ann == "tuple[float, float]":
+    if tp is None:  # an unknown field: reported by the caller
+        return value
+    if typing.get_origin(tp) is tuple:
+        args = typing.get_args(tp)
+        variadic = args[-1:] == (Ellipsis,)
         if isinstance(value, str):
-            value = [v.strip() for v in value.split(",")]
+            value = [v.strip() for v in value.split(",") if v.strip() or not variadic]
         if isinstance(value, list | tuple):
-            return [_as_float(v) for v in value]
-    if ann == "tuple[str, ...]" and isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
+            return [coerce(args[0] if variadic else args[min(i, len(args) - 1)], v)
+                    for i, v in enumerate(value)]
+        return value
+    if accepts(tp, float):
+        return _as_float(value)
+    if accepts(tp, str) and raw is not None and not isinstance(value, str):
+        return None if value is None and accepts(tp, type(None)) else raw.strip()
     return value
 
 
-def parse_override(item: str) -> tuple[str, Any]:
+def parse_override(item: str, types: dict[str, Any] | None = None) -> tuple[str, Any]:
     """'key=value' -> (key, value); the value is parsed as YAML (so true, null, [a, b] work),
-    then coerced to the field's declared type (so 1e-3 is a float, 2024 for a string field
-    is the string "2024"; see coerce_field)."""
+    then coerced to the field's declared type in `types` (so 1e-3 is a float, 2024 for a
+    string field is the string "2024"; see coerce)."""
     import yaml
 
     key, sep, raw = item.partition("=")
@@ -102,7 +104,7 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    return key, coerce_field(key, value, raw)
+    return key, coerce((types or {}).get(key), value, raw)
 
 
 def with_suggestion(key: str, known: set[str]) -> str:
@@ -111,39 +113,34 @@ def with_suggestion(key: str, known: set[str]) -> str:
     return f"{key} (did you mean {close[0]!r}?)" if close else key
 
 
-def field_docs() -> dict[str, str]:
-    """Field name -> its docstring (the string literal under the field in TrainConfig),
-    read from this module's source: the documentation `aleph train --help` prints."""
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its docstring (the string literal under the field in `cls` or the
+    class it inherits it from), read from the source: what `aleph train --help` prints."""
     import ast
     import inspect
 
-    from aleph.model.config import ModelConfig
-
     docs = {}
-    for cls in (ModelConfig, TrainConfig):  # the shape fields are documented in ModelConfig
-        body = ast.parse(inspect.getsource(cls)).body[0].body
+    for klass in reversed([k for k in cls.__mro__ if "__dataclass_fields__" in vars(k)]):
+        body = ast.parse(inspect.getsource(klass)).body[0].body
         for node, after in zip(body, body[1:], strict=False):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                     and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
                     and isinstance(after.value.value, str)):
                 docs[node.target.id] = " ".join(after.value.value.split())
-    return {f.name: docs.get(f.name, "") for f in fields(TrainConfig)}
+    return {f.name: docs.get(f.name, "") for f in fields(cls)}
 
 
-def fields_help() -> str:
+def fields_help(cls: type, presets: dict[str, dict[str, Any]]) -> str:
     """One entry per config field: name, type, default (the e1 values; the smoke preset's
     where it differs) and the first sentence of its docstring."""
-    docs = field_docs()
-    smoke = PRESETS["smoke"]
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
+    smoke = presets["smoke"]
     out = ["config fields (set with --set KEY=VALUE or a --config file; default = the e1 "
            "preset's, [smoke: ...] where the smoke preset differs):"]
-    for f in fields(TrainConfig):
+    for f in fields(cls):
         default = f.default
         alt = f" [smoke: {smoke[f.name]!r}]" if f.name in smoke and smoke[f.name] != default else ""
-        doc = docs.get(f.name, "")
-        first = re.split(r"(?<=\.)\s+(?=[A-Z])", doc, maxsplit=1)[0]  # not after "e.g."
-        out.append(f"  {f.name} ({f.type}) = {default!r}{alt}")
+        first = re.split(r"(?<=\.)\s+(?=[A-Z])", docs[f.name], maxsplit=1)[0]  # not after "e.g."
+        out.append(f"  {f.name} ({type_text(hints[f.name])}) = {default!r}{alt}")
         out.append(f"      {first}")
     return "\n".join(out)
-
-

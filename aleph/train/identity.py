@@ -22,19 +22,11 @@ from typing import TextIO
 
 from aleph._io import RUNS_DIR, work_root
 from aleph.errors import ConfigError, DataError, RunLocked
-from aleph.record import layout
-from aleph.record.provenance import (  # noqa: F401  (code provenance lives there; re-exported)
-    code_revision,
-    package_dir,
-    source_sha256,
-)
+from aleph.record.layout import RunLayout
 
-LOCK_FILE = layout.LOCK
-LAUNCH_DIR = layout.LAUNCHES
 # The preset whose runs keep the seed's names (runs/<arm>-s<seed>); any other preset's runs
 # go one level down (runs/<preset>/<arm>-s<seed>), so a smoke run never meets a real one.
 TOP_LEVEL_PRESET = "e1"
-CONFIG_FILE = layout.CONFIG  # every run directory has one (written by aleph.train.run)
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
@@ -80,11 +72,11 @@ def _check_place(runs: Path, name: str) -> Path:
     is a run (`a2_dense-s0/x`), or a folder of runs itself (`--name smoke` where
     runs/smoke/ holds the smoke preset's runs). ConfigError naming both otherwise."""
     run_dir, parent = runs / name, (runs / name).parent
-    if parent != runs and (parent / CONFIG_FILE).is_file():
+    if parent != runs and RunLayout(parent).config.is_file():  # every run has a config.json
         raise ConfigError(f"run name {name!r}: {parent} is a run, and a run cannot live inside "
                           "another; pick a name whose first part is not a run")
-    if run_dir.is_dir() and not (run_dir / CONFIG_FILE).is_file():
-        nested = sorted(c.name for c in run_dir.iterdir() if (c / CONFIG_FILE).is_file())
+    if run_dir.is_dir() and not RunLayout(run_dir).config.is_file():
+        nested = sorted(c.name for c in run_dir.iterdir() if RunLayout(c).config.is_file())
         if nested:
             raise ConfigError(f"run name {name!r}: {run_dir} is a folder of runs "
                               f"({', '.join(nested[:3])}{', ...' if len(nested) > 3 else ''}), "
@@ -116,7 +108,7 @@ class RunLock:
     """
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / LOCK_FILE
+        self.path = RunLayout(run_dir).lock
         self._fd: int | None = None
 
     def acquire(self) -> None:

@@ -1,14 +1,16 @@
-"""The training loop of a launch: steps until the end or a stop, and what happens between steps.
+"""The training loop of a launch: steps until the end or a stop, and what happens between them.
 
     train_loop(t)
       while t.pos.step < t.total_steps:
-        batch = prefetcher.take(...)        # gathered while the previous step ran (prefetch.py)
-        train_step(t, batch)                # forward, loss, checked update (step.py)
-                                            # (defer_step_sync: returns the step before)
+        batch = batches.take(...)           # gathered while the previous step ran (prefetch.py)
+        steps(batch)                        # forward, loss, checked update (step.py)
         t.pos = advance(...)                # the data position a resume state records
-        progress, resume states, weights    # on their cadences (after_step)
-        stop?                               # SIGTERM/SIGINT: save, exit 76 (signals.py)
-      finish(t)                             # final resume state, weights/final, metrics
+        between.after_step(logs)            # progress, resume states, weights, stop (below)
+      between.finish()                      # final resume state, weights/final, metrics
+
+`Between` is the rest, called once per step: the logging and saving cadences, the pause
+hook, the stop (SIGTERM/SIGINT: save, exit 76), the executed-code tracer's window and, under
+defer_step_sync, reading the step still in flight before anything is reported or saved.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from aleph.train import outputs, prefetch
 from aleph.train.config import to_dict
 from aleph.train.progress import Reporter
 from aleph.train.signals import PAUSE_ENV, StopFlag, pause_step
-from aleph.train.step import StepResult, advance, deferring, settle, train_step
+from aleph.train.step import Steps, advance, deferring
 from aleph.train.trainer import Trainer
 
 # The executed-code tracer (aleph.record.fingerprint) covers the CLI, preflight and this
@@ -39,8 +41,7 @@ AGREE_EVERY_STEPS = 16
 
 def train_loop(t: Trainer) -> tuple[str, str]:
     """Run steps until the end, a stop signal, or an error; returns (status, note)."""
-    stop = t.stop
-    stop.set_mode("flag")  # from the first step on: finish the step, save, then stop
+    t.stop.set_mode("flag")  # from the first step on: finish the step, save, then stop
     t.monitor.step_from = t.monitor.step = t.pos.step
     t.monitor.phase = "training"
     if t.manifest is not None:
@@ -49,50 +50,78 @@ def train_loop(t: Trainer) -> tuple[str, str]:
         t.log(f"run already complete at step {t.pos.step}; nothing to train")
         finish(t, None)
         return "complete", outputs.NOTHING_TO_TRAIN
-    if t.cfg.defer_step_sync:
-        t.log("defer_step_sync: " + ("on: each step's loss and gradient norm are read during the next step"
-                                     if deferring(t) else "no effect here: it needs fused AdamW (CUDA)"))
-    rep, clock = Reporter(t, t.pos.step), Clock(t.pos.train_seconds)
-    pause = pause_step()
-    traced_until = t.pos.step + TRACED_STEPS
-    t.net.train()
-    batches = None
+    rep, batches = Reporter(t, t.pos.step), None
     try:
         batches = start_prefetch(t)
+        steps = Steps(t, rep.after_step)
+        between = Between(t, steps, rep, batches)
+        t.net.train()
         while t.pos.step < t.total_steps:
-            n = t.pos.step + 1  # the bank's health gauges only on the steps that log them
-            logs = n % t.cfg.log_every_steps == 0 or n == t.total_steps
-            t.model.set_gauges(logs)
-            res = train_step(t, batches.take(t.pos.epoch, t.pos.batch_in_epoch, t.pos.step))
-            t.pos = advance(t.pos, t.order.steps_per_epoch, t.cfg.batch_size, clock.train_seconds())
-            t.monitor.step = t.pos.step
-            if t.pos.step == traced_until:
-                close_trace_window(t)
-            with t.tracer.during():  # the rare events: logging, saves, stop
-                now = settle(t) if logs else None  # deferred: a logged step is read at once
-                report(rep, res, now)
-                saved, stopping, late = after_step(t, stop, clock)
-                report(rep, late)
-            if pause is not None and t.pos.step == pause:
-                wait_for_signal(t, stop, rep, batches)
-                stopping = t.world.any_flag(stop.is_set())[0]
-            if stopping and t.pos.step < t.total_steps:
-                with t.tracer.during():
-                    if not saved:
-                        report(rep, save_state(t))
-                    if t.world.is_main:
-                        rep.write_metrics(t.pos.step)
-                who = stop.signame or "a signal on another rank"
-                t.log(f"stopped by {who} after step {t.pos.step}; resume state saved; "
-                      "a restart resumes from it")
-                return "stopped", f"{stop.signame or 'signal'} after step {t.pos.step}"
-        with t.tracer.during():
-            finish(t, rep)
+            logs = between.before_step()
+            steps(batches.take(t.pos.epoch, t.pos.batch_in_epoch, t.pos.step))
+            t.pos = advance(t.pos, t.order, between.clock.train_seconds())
+            stopped = between.after_step(logs)
+            if stopped:
+                return "stopped", stopped
+        between.finish()
         return "complete", f"{t.pos.step} steps"
     finally:
         if batches is not None:
             batches.close()
         rep.close()  # the stop handlers are restored by run.train(), which installed them
+
+
+class Between:
+    """What happens between two steps, outside the loop's body: gauges on logged steps, the
+    cadences, pause hook and stop, the executed-code tracer's window, the deferred read."""
+
+    def __init__(self, t: Trainer, steps: Steps, rep: Reporter,
+                 batches: prefetch.Prefetcher) -> None:
+        self.t, self.steps, self.rep, self.batches = t, steps, rep, batches
+        self.clock = Clock(t.pos.train_seconds)
+        self.pause = pause_step()
+        self.traced_until = t.pos.step + TRACED_STEPS
+        if t.cfg.defer_step_sync:
+            t.log("defer_step_sync: " + ("on: each step's loss and gradient norm are read during "
+                                         "the next step" if deferring(t)
+                                         else "no effect here: it needs fused AdamW (CUDA)"))
+
+    def before_step(self) -> bool:
+        """Whether the next step logs; the bank's health gauges are recorded only then."""
+        n = self.t.pos.step + 1
+        logs = n % self.t.cfg.log_every_steps == 0 or n == self.t.total_steps
+        self.t.model.set_gauges(logs)
+        return logs
+
+    def after_step(self, logs: bool) -> str | None:
+        """Progress, resume states and weights on their cadences, the pause hook, a stop;
+        returns the stop's note when the launch stops here (state saved), else None."""
+        t, stop = self.t, self.t.stop
+        t.monitor.step = t.pos.step
+        self.steps.deliver()  # the steps read so far, now that the position is past them
+        if t.pos.step == self.traced_until:
+            close_trace_window(t)
+        with t.tracer.during():  # the rare events: logging, saves, stop
+            saved, stopping = after_step(t, stop, self.clock, self.steps.settle, logs)
+        if self.pause is not None and t.pos.step == self.pause:
+            wait_for_signal(t, stop, self.steps, self.rep, self.batches)
+            stopping = t.world.any_flag(stop.is_set())[0]
+        if not stopping or t.pos.step >= t.total_steps:
+            return None
+        with t.tracer.during():
+            if not saved:
+                save_state(t)
+            if t.world.is_main:
+                self.rep.write_metrics(t.pos.step)
+        who = stop.signame or "a signal on another rank"
+        t.log(f"stopped by {who} after step {t.pos.step}; resume state saved; "
+              "a restart resumes from it")
+        return f"{stop.signame or 'signal'} after step {t.pos.step}"
+
+    def finish(self) -> None:
+        with self.t.tracer.during():
+            self.steps.settle()  # the last step, read before it is saved
+            finish(self.t, self.rep)
 
 
 class Clock:
@@ -109,16 +138,11 @@ class Clock:
         return (time.monotonic() - self.last_save) / 60
 
 
-def report(rep: Reporter, *results: StepResult | None) -> None:
-    """Hand the steps whose values are known to the reporter (None: nothing new yet)."""
-    for res in results:
-        if res is not None:
-            rep.after_step(res.step, res)
-
-
-def after_step(t: Trainer, stop: StopFlag, clock: Clock) -> tuple[bool, bool, StepResult | None]:
-    """Resume state and periodic weights on their cadences; returns (saved, stop requested,
-    the step a save read under defer_step_sync).
+def after_step(t: Trainer, stop: StopFlag, clock: Clock, settle, logs: bool) -> tuple[bool, bool]:
+    """Resume state and periodic weights on their cadences; returns (saved, stop requested).
+    `settle` (Steps.settle) runs first when anything is due: a step still in flight is read
+    (and reported) before a line reports it or a save or stop follows it, so a non-finite
+    one raises before anything holds it.
 
     Ranks agree on the time-based save and on stopping (one tiny all-reduce), since the
     clocks and the signal arrival differ per process and the save is a collective. Reading
@@ -126,28 +150,26 @@ def after_step(t: Trainer, stop: StopFlag, clock: Clock) -> tuple[bool, bool, St
     steps (and at step-cadence saves, which sync anyway): a stop or a timed save comes at
     most that many steps later (well under a second at E1's step times).
     """
-    cfg, step = t.cfg, t.pos.step
+    cfg, step, last = t.cfg, t.pos.step, t.pos.step >= t.total_steps
     minutes_due = cfg.ckpt_every_minutes > 0 and clock.minutes_since_save() >= cfg.ckpt_every_minutes
     step_due = cfg.ckpt_every_steps > 0 and step % cfg.ckpt_every_steps == 0
     time_due = stopping = False
     if not t.world.distributed or step_due or step % AGREE_EVERY_STEPS == 0:
         time_due, stopping = t.world.any_flag(minutes_due, stop.is_set())
-    saved, late = False, None
-    if (step_due or time_due) and step < t.total_steps:  # the last step is saved by finish()
-        late = save_state(t)
-        saved, clock.last_save = True, time.monotonic()
-    if cfg.weights_every_steps and step < t.total_steps and step % cfg.weights_every_steps == 0:
-        late = late or settle(t)  # a non-finite step in flight must not be exported
-        if t.world.is_main:  # the last step is weights/final
-            save_weights(t.model, RunLayout(t.run_dir).step_weights(step))
-    return saved, stopping, late
+    save = (step_due or time_due) and not last  # the last step is saved by finish()
+    weights = bool(cfg.weights_every_steps) and not last and step % cfg.weights_every_steps == 0
+    if logs or save or weights or stopping:
+        settle()
+    if save:
+        save_state(t)
+        clock.last_save = time.monotonic()
+    if weights and t.world.is_main:  # the last step is weights/final
+        save_weights(t.model, RunLayout(t.run_dir).step_weights(step))
+    return save, stopping
 
 
-def save_state(t: Trainer) -> StepResult | None:
-    """Collective: every rank contributes its RNG state; rank 0 writes. First reads the
-    step still in flight (defer_step_sync), so a non-finite one raises before any save;
-    returns it."""
-    late = settle(t)
+def save_state(t: Trainer) -> None:
+    """Collective: every rank contributes its RNG state; rank 0 writes."""
     rngs = t.world.gather_objects(ckpt.rng_state(t.device))
 
     def save() -> None:
@@ -160,14 +182,10 @@ def save_state(t: Trainer) -> StepResult | None:
 
     # The others poll meanwhile: a save to a slow disk never trips the collective timeout.
     t.world.on_main(f"saving the resume state of step {t.pos.step}", save, t.log)
-    return late
 
 
 def finish(t: Trainer, rep: Reporter | None) -> None:
     """Final resume state, final weights, metrics (rank 0 writes; all ranks join collectives)."""
-    late = settle(t)  # the loop reads the last step itself; this covers any other way here
-    if rep is not None:
-        report(rep, late)
     done = ckpt.latest(t.run_dir) if t.world.is_main else None
     have = t.world.broadcast_object(done is not None and done[1]["step"] == t.pos.step)
     if not have:
@@ -205,9 +223,10 @@ def start_prefetch(t: Trainer) -> prefetch.Prefetcher:
     return prefetch.Prefetcher(source, t.total_steps)
 
 
-def wait_for_signal(t: Trainer, stop: StopFlag, rep: Reporter, batches: prefetch.Prefetcher) -> None:
+def wait_for_signal(t: Trainer, stop: StopFlag, steps: Steps, rep: Reporter,
+                    batches: prefetch.Prefetcher) -> None:
     """The pause hook: flush everything first, so the paused run's files are at rest."""
-    report(rep, settle(t))  # the paused step's values, deferred or not, are on record
+    steps.settle()  # the paused step's values, deferred or not, are on record
     if rep.scalars is not None:
         rep.scalars.flush()
     ahead = batches.ahead

@@ -27,25 +27,24 @@ from aleph.record.launch import (  # noqa: F401  (re-exported: the trainer's sta
     STOPPED,
     TRAINED,
 )
-from aleph.train.identity import LAUNCH_DIR, hostname, utc_now
-
-MANIFEST, METRICS, CONFIG, TB_DIR = layout.MANIFEST, layout.METRICS, layout.CONFIG, layout.TB
+from aleph.record.layout import RunLayout
+from aleph.train.identity import hostname, utc_now
 
 
 class Manifest:
     """manifest.json of one run directory (the launch entry schema: aleph.record.launch).
 
-    Each launch writes only its own entry of `launches[]`. The top-level `code_revision`,
-    `source_sha256` and `environment` are written once, by the run's first launch, for
-    readers that predate per-launch records; they are never overwritten.
+    Each launch writes only its own entry of `launches[]`. A manifest of another
+    format_version is refused in one line (aleph.record.layout.check_version).
     """
 
     def __init__(self, run_dir: Path, run_id: str, arm: str, seed: int) -> None:
-        self.path = Path(run_dir) / MANIFEST
+        self.path = RunLayout(run_dir).manifest
         if self.path.is_file():
-            self.data = read_json(self.path)
+            self.data = layout.check_version(self.path, read_json(self.path))
         else:
-            self.data = {"run_id": run_id, "arm": arm, "seed": seed, "launches": []}
+            self.data = {"format_version": layout.FORMAT_VERSION, "run_id": run_id, "arm": arm,
+                         "seed": seed, "launches": []}
         self.lost: list[str] = []  # one line per launch found lost, for the launch log
         for i, launch in enumerate(self.data["launches"], start=1):
             if launch.get("status") == RUNNING:
@@ -55,7 +54,7 @@ class Manifest:
         """A launch that died without recording its end: its last heartbeat, and the cgroup
         OOM killer named when the evidence says so (aleph.record.heartbeat)."""
         lid = str(launch.get("launch_id"))
-        found = heartbeat.diagnose_lost(heartbeat.read_heartbeat(self.path.parent / LAUNCH_DIR, lid))
+        found = heartbeat.diagnose_lost(heartbeat.read_heartbeat(RunLayout(self.path.parent), lid))
         launch["status"] = LOST
         launch["note"] = found["diagnosis"]
         launch["lost"] = found
@@ -85,9 +84,6 @@ class Manifest:
             "world_size": world_size, "code": code, "environment": env,
             "envelope": provenance.envelope(env), "steps": {"from": None, "to": None},
         })
-        for key, value in (("code_revision", code["revision"]),
-                           ("source_sha256", code["source_sha256"]), ("environment", env)):
-            self.data.setdefault(key, value)  # the first launch's, never overwritten
         self.write()
 
     @property
@@ -115,20 +111,12 @@ class Manifest:
         """The stores the run trained on so far: {"from", "target_store", "token_store"}.
 
         From the newest earlier launch that recorded `inputs` (written by `record_inputs`
-        once a launch's stores passed the resume check); for a manifest written before
-        per-launch records existed, from its top-level `target_store` (target content hash,
-        token store directory key). None when nothing is recorded.
+        once a launch's stores passed the resume check). None when nothing is recorded.
         """
         for launch in reversed(self.data["launches"][:-1]):
             inputs = launch.get("inputs")
             if isinstance(inputs, dict):
                 return {"from": f"launch {launch.get('launch_id')}", **inputs}
-        store = self.data.get("target_store")
-        if isinstance(store, dict) and isinstance(store.get("content_sha256"), str):
-            token = store.get("token_store")
-            return {"from": f"{MANIFEST} target_store",
-                    "target_store": {"content_sha256": store["content_sha256"]},
-                    "token_store": {"key": Path(token).name} if isinstance(token, str) else {}}
         return None
 
     def record_inputs(self, inputs: dict[str, Any], allowed: dict[str, Any] | None = None) -> None:
@@ -163,17 +151,19 @@ class Manifest:
 def write_executed(manifest: Manifest, tracer, launch_id: str) -> None:
     """launches/<launch id>.code.json: the functions of aleph/ this launch executed
     (aleph.record.fingerprint), referenced from its manifest entry."""
-    rel = f"{LAUNCH_DIR}/{launch_id}.code.json"
+    run = RunLayout(manifest.path.parent)
+    path = run.code_record(launch_id)
+    rel = path.relative_to(run.dir).as_posix()
     rec = tracer.record()
     try:
-        atomic_write_json(manifest.path.parent / rel, rec)
+        atomic_write_json(path, rec)
     except OSError:  # the record is evidence, not a reason to fail the launch
         return
     manifest.record_executed(rel, rec)
 
 
 def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
-    atomic_write_json(Path(run_dir) / METRICS, {**metrics, "updated": utc_now()})
+    atomic_write_json(RunLayout(run_dir).metrics, {**metrics, "updated": utc_now()})
 
 
 class Scalars:
@@ -189,7 +179,7 @@ class Scalars:
         """`first_step`: the first step this launch writes (resume step + 1)."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self._w = SummaryWriter(log_dir=str(Path(run_dir) / TB_DIR),
+        self._w = SummaryWriter(log_dir=str(RunLayout(run_dir).tb),
                                 purge_step=first_step)
 
     def write(self, step: int, values: dict[str, float]) -> None:

@@ -7,7 +7,7 @@ gathers step k+1 while step k computes (numpy's gathers and torch's kernels rele
 GIL), into page-locked memory on CUDA, so the non_blocking copies really are asynchronous.
 
 Resume stays exact: a batch is a pure function of its position (epoch, batch index) via
-DataOrder, and the worker draws from no random stream. A batch gathered ahead and never
+DataOrder (order.py), and the worker draws from no random stream. A batch gathered ahead and never
 used (a kill, a stop after step k) is simply dropped; the resumed launch gathers the batch
 of its saved position, so no batch is used twice or skipped.
 """
@@ -19,46 +19,12 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from aleph.env.hostinfo import meminfo_bytes
-from aleph.errors import ConfigError, StoreError
+from aleph.errors import StoreError
 from aleph.train.distributed import World
-
-
-class DataOrder:
-    """Row order of every epoch: a permutation derived from (seed, epoch) only.
-
-    Because it is a pure function, the resume state needs only (epoch, batch index): the
-    permutation is recomputed, never stored. Each global batch is a contiguous slice of
-    the permutation; rank r takes the r-th contiguous part of that slice.
-    """
-
-    def __init__(self, seed: int, rows: int, global_batch: int) -> None:
-        self.seed, self.rows, self.global_batch = seed, rows, global_batch
-        # Drop the last incomplete batch: every step has the full global batch, so the
-        # InfoNCE negatives and the per-rank split are the same at every step.
-        self.steps_per_epoch = rows // global_batch
-        if self.steps_per_epoch == 0:
-            raise ConfigError(f"config field 'batch_size': {global_batch} exceeds the {rows} rows "
-                              "of the data; lower batch_size")
-        self._epoch, self._perm = -1, np.empty(0, dtype=np.int64)
-
-    def permutation(self, epoch: int) -> np.ndarray:
-        if epoch != self._epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._epoch, self._perm = epoch, rng.permutation(self.rows)
-        return self._perm
-
-    def indices(self, epoch: int, batch: int, world: World) -> np.ndarray:
-        """Rows of global batch `batch` of `epoch` that this rank encodes, (B / W,)."""
-        start = batch * self.global_batch
-        local = self.global_batch // world.size
-        lo = start + world.rank * local
-        return self.permutation(epoch)[lo:lo + local]
-
-
+from aleph.train.order import DataOrder
 
 # --- batch length under torch.compile: a few widths, so dynamo compiles a few graphs
 
@@ -179,11 +145,6 @@ def _worker_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-def next_position(epoch: int, batch: int, steps_per_epoch: int) -> tuple[int, int]:
-    """The data position after (epoch, batch): the next batch, or the next epoch's first."""
-    return (epoch + 1, 0) if batch + 1 == steps_per_epoch else (epoch, batch + 1)
-
-
 class Prefetcher:
     """Hands out each step's device batch and starts gathering the next one at once.
 
@@ -212,7 +173,7 @@ class Prefetcher:
             host = self.source.host(epoch, batch)
         out = self.source.to_device(host)
         if step + 1 < self.total_steps:
-            nxt = next_position(epoch, batch, self.source.order.steps_per_epoch)
+            nxt = self.source.order.after(epoch, batch)
             self._ahead = (nxt, self._pool.submit(self.source.host, *nxt))
         return out
 

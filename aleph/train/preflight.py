@@ -28,14 +28,6 @@ E1_TARGET_DIM = 768  # the width of E1's teacher consensus (the e1 preset requir
 TICK_SECONDS = 10.0  # progress cadence of a long input check or store build
 
 
-def pick_device(cfg: TrainConfig, world: World) -> torch.device:
-    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("config field 'device': 'cuda' asked for, but torch sees no CUDA device")
-    return torch.device("cuda", world.local_rank)
-
-
 def check_e1_device(cfg: TrainConfig, wants_cuda: bool) -> None:
     """An e1 launch with device=auto and no usable CUDA device is refused (one line, torch's
     reason): E1 on the CPU would train for months, with only "allocator cap: none" to say so.
@@ -217,7 +209,7 @@ def check_shape(cfg: TrainConfig, rows: int, vocab_size: int, pad_id: int, dim: 
     from aleph.env.hostinfo import meminfo_bytes
     from aleph.model.encoder import check_fits
     from aleph.train.config import model_config
-    from aleph.train.prefetch import DataOrder
+    from aleph.train.order import DataOrder
     DataOrder(cfg.seed, rows, cfg.batch_size)  # ConfigError naming batch_size
     check_fits(model_config(cfg, vocab_size, pad_id, dim), meminfo_bytes("MemAvailable"))
 

@@ -14,66 +14,66 @@ if TYPE_CHECKING:
 
 
 class Reporter:
-    """Rank 0's TensorBoard scalars, metrics.json and console progress line."""
+    """Rank 0's TensorBoard scalars, metrics.json and console progress line. Every value of
+    a StepResult is written under its own name (train/<name>, metrics.json's `final`, the
+    progress line): a new loss term shows up in all three with no change here."""
 
-    def __init__(self, s: Trainer, start_step: int) -> None:
-        self.s = s
-        self.scalars = outputs.Scalars(s.run_dir, start_step + 1) if s.world.is_main else None
+    def __init__(self, t: Trainer, start_step: int) -> None:
+        self.t = t
+        self.scalars = outputs.Scalars(t.run_dir, start_step + 1) if t.world.is_main else None
         self.t0 = time.monotonic()
         self.start_step = start_step
         self.last_t, self.last_step = self.t0, start_step
         self.last_progress = 0.0
-        self.previous = read_metrics(s.run_dir) if s.world.is_main else {}
+        self.previous = read_metrics(t.run_dir) if t.world.is_main else {}
         self.first_loss = self.previous.get("first_loss")
         self.result: StepResult | None = None
 
-    def after_step(self, step: int, res: StepResult) -> None:
-        if not self.s.world.is_main:
+    def after_step(self, res: StepResult) -> None:
+        """A step's values, once read (Steps' callback)."""
+        if not self.t.world.is_main:
             return
-        self.result = res
+        self.result, step = res, res.step
         if self.first_loss is None:
             self.first_loss = res.loss
-        cfg = self.s.cfg
+        cfg = self.t.cfg
         now = time.monotonic()
-        if step % cfg.log_every_steps == 0 or step == self.s.total_steps:
+        if step % cfg.log_every_steps == 0 or step == self.t.total_steps:
             rate = (step - self.last_step) * cfg.batch_size / max(now - self.last_t, 1e-9)
-            values = {"train/loss": res.loss, "train/nce": res.nce, "train/mse": res.mse,
-                      "train/lr": res.lr, "train/grad_norm": res.grad_norm,
-                      "train/samples_per_sec": rate}
-            plain = getattr(self.s.model, "_orig_mod", self.s.model)
-            values.update({f"health/{k}": v for k, v in plain.health().items()})
+            values = {f"train/{k}": v for k, v in res.values.items()}
+            values.update({"train/lr": res.lr, "train/samples_per_sec": rate})
+            values.update({f"health/{k}": v for k, v in self.t.model.health().items()})
             self.scalars.write(step, values)
             self.last_t, self.last_step = now, step
             self.write_metrics(step)
-        if now - self.last_progress >= cfg.progress_every_seconds or step == self.s.total_steps:
+        if now - self.last_progress >= cfg.progress_every_seconds or step == self.t.total_steps:
             self.last_progress = now
-            self.s.log(self.progress_line(step, res, now))
+            self.t.log(self.progress_line(step, res, now))
 
     def progress_line(self, step: int, res: StepResult, now: float) -> str:
-        total, done = self.s.total_steps, step - self.start_step
+        t, total, done = self.t, self.t.total_steps, step - self.start_step
         rate = done / max(now - self.t0, 1e-9)  # steps per second this launch
         eta = (total - step) / rate if rate > 0 else 0.0
-        epoch = self.s.pos.samples_seen / (self.s.order.steps_per_epoch * self.s.cfg.batch_size)
+        epoch = t.pos.samples_seen / (t.order.steps_per_epoch * t.cfg.batch_size)
+        terms = " ".join(f"{k} {v:.4g}" for k, v in res.terms.items())
         return (f"step {step}/{total} ({100 * step / total:.0f}%) epoch {epoch:.2f}/"
-                f"{self.s.cfg.epochs} loss {res.loss:.4f} (nce {res.nce:.4f} mse {res.mse:.6f}) "
-                f"lr {res.lr:.3g} {rate * self.s.cfg.batch_size:.0f} samples/s "
-                f"ETA {fmt_duration(eta)}")
+                f"{t.cfg.epochs} loss {res.loss:.4f} ({terms}) lr {res.lr:.3g} "
+                f"{rate * t.cfg.batch_size:.0f} samples/s ETA {fmt_duration(eta)}")
 
     def write_metrics(self, step: int) -> None:
         """metrics.json: wall_time_s = training seconds over all launches (setup excluded);
         samples_per_sec = this launch's average; final = the last step's values."""
-        s, res = self.s, self.result
+        t, res = self.t, self.result
         launch_s = time.monotonic() - self.t0
-        done = (step - self.start_step) * s.cfg.batch_size
-        outputs.write_metrics(s.run_dir, {
-            "run_id": s.run_dir.name, "step": step, "total_steps": s.total_steps,
-            "samples_seen": s.pos.samples_seen, "rows": s.tokens.rows,
-            "epochs_done": s.pos.samples_seen / (s.order.steps_per_epoch * s.cfg.batch_size),
-            "epochs": s.cfg.epochs, "wall_time_s": s.pos.train_seconds,
+        done = (step - self.start_step) * t.cfg.batch_size
+        outputs.write_metrics(t.run_dir, {
+            "run_id": t.run_dir.name, "step": step, "total_steps": t.total_steps,
+            "samples_seen": t.pos.samples_seen, "rows": t.tokens.rows,
+            "epochs_done": t.pos.samples_seen / (t.order.steps_per_epoch * t.cfg.batch_size),
+            "epochs": t.cfg.epochs, "wall_time_s": t.pos.train_seconds,
             "launch_wall_time_s": launch_s, "samples_per_sec": done / max(launch_s, 1e-9),
-            "world_size": s.world.size, "first_loss": self.first_loss,
-            "final": None if res is None else {"loss": res.loss, "nce": res.nce, "mse": res.mse,
-                                               "grad_norm": res.grad_norm, "lr": res.lr}})
+            "world_size": t.world.size, "first_loss": self.first_loss,
+            "final": None if res is None else {**res.values, "lr": res.lr}})
 
     def close(self) -> None:
         if self.scalars is not None:

@@ -25,15 +25,11 @@ from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost, RunLoc
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
 from aleph.record.launch import choose_action
-from aleph.record.layout import RunLayout
-from aleph.train import legacy, outputs, preflight
-from aleph.train.checkpoint import complete_steps
+from aleph.record.layout import FORMAT_VERSION, RunLayout, config_fields
+from aleph.train import outputs, preflight
 from aleph.train.config import TrainConfig, check_same_run, to_dict
 from aleph.train.distributed import World, check_divisible, init_world
-from aleph.train.identity import (  # noqa: F401  (run_dir_for: the trainer's run paths)
-    LAUNCH_DIR,
-    RUNS_DIR,
-    TOP_LEVEL_PRESET,
+from aleph.train.identity import (
     LaunchLog,
     RunLock,
     make_launch_id,
@@ -90,13 +86,6 @@ def _locked_launch(cfg: TrainConfig, tracer: Tracer, run_dir: Path, name: str | 
                   "(nothing is written until they pass)", flush=True)
         inputs = _checked_inputs(cfg, world, stop)  # before the run directory exists
         preflight.check_e1_device(cfg, wants_cuda)  # so is this refusal: no trace
-        older = legacy.older_layout(cfg, run_dir) if world.is_main and name is None else None
-        if older is not None and not run_dir.exists():
-            print(f"aleph train: note: {older} is a {cfg.preset}-preset run of an older aleph-e1 "
-                  f"(its runs were runs/<arm>-s<seed>); this launch starts {run_dir}. To "
-                  f"continue that run instead: stop this launch, remove {run_dir}, then "
-                  f"`mv {older} {run_dir}` and relaunch",
-                  flush=True)
         lock = RunLock(run_dir)
         # Flag mode while the lock is taken and the launch recorded: a stop meanwhile is
         # raised by _launch once the launch is on record, so it ends recorded as 'stopped'.
@@ -155,7 +144,7 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
     manifest = syncer = None
     code = provenance.code_record(tracer.files)  # the snapshot the tracer hashes
     # Rank 0's heartbeat (launches/<launch id>.heartbeat.json); other ranks only keep state.
-    beat = heartbeat.heartbeat_path(layout.launches, launch_id) if world.is_main else None
+    beat = layout.heartbeat(launch_id) if world.is_main else None
     monitor = heartbeat.LaunchMonitor(beat, launch_id, cfg.heartbeat_seconds, tracer.in_this_thread)
     exit_status, status, note, refused, error = 0, outputs.FAILED, "", False, None
     where = "before the first step"
@@ -209,18 +198,17 @@ def summary(run_dir: Path, status: str, log_path: Path, again: str | None,
             where: str = "before the first step") -> str:
     """The end-of-launch lines: where the outputs are and the next command; for a stopped
     launch, how to resume it."""
-    ref = run_ref(run_dir)
+    ref, run = run_ref(run_dir), RunLayout(run_dir)
     lines = [f"summary: run {ref} {status} ({where}); run directory {run_dir}",
              f"  log of this launch: {log_path}",
-             f"  metrics: {RunLayout(run_dir).metrics}; TensorBoard events: {RunLayout(run_dir).tb}"
-             " (`aleph tensorboard`)"]
+             f"  metrics: {run.metrics}; TensorBoard events: {run.tb} (`aleph tensorboard`)"]
     if status == outputs.COMPLETE:
-        lines += [f"  weights: {RunLayout(run_dir).final_weights}",
+        lines += [f"  weights: {run.final_weights}",
                   f"  next: `aleph eval {ref}`, then `aleph report {ref}` (and other runs)"]
     else:
         lines.append(f"  resume: run the same command again (`{again or 'aleph train ...'}`); "
-                     "it continues from the last resume state in checkpoints/")
-        saved = sorted(RunLayout(run_dir).weights.glob("step-*"))
+                     f"it continues from the last resume state in {run.checkpoints}/")
+        saved = sorted(run.weights.glob("step-*"))
         if saved:
             lines.append(f"  or evaluate the newest saved weights now: `aleph eval {ref} "
                          f"--weights {saved[-1]}`")
@@ -259,19 +247,19 @@ def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:
     Written on the first launch. Until a resume state exists nothing has been trained, so
     a new config (say a smaller batch after a failed VRAM probe) replaces the old one.
     """
-    path = RunLayout(run_dir).config
-    if path.is_file():
+    run = RunLayout(run_dir)
+    if run.config.is_file():
         try:
-            saved = read_json(path)
+            saved = read_json(run.config)
         except ValueError as e:
-            raise ConfigError(f"{path}: unreadable ({e}); it was written atomically, so it was "
-                              "edited by hand: restore it or remove the run directory") from e
-        legacy.check_not_moved(run_dir, saved, cfg)
+            raise ConfigError(f"{run.config}: unreadable ({e}); it was written atomically, so it "
+                              "was edited by hand: restore it or remove the run directory") from e
+        saved = config_fields(run.config, saved)
         try:
             check_same_run(saved, cfg)
             return
         except ConfigError as e:
-            if complete_steps(run_dir):
+            if run.complete_states():
                 raise
             log(f"config replaced (no resume state yet, nothing trained): {e}")
-    atomic_write_json(path, to_dict(cfg))
+    atomic_write_json(run.config, {"format_version": FORMAT_VERSION, **to_dict(cfg)})

@@ -1,8 +1,13 @@
-"""One training step: forward, distillation loss over the global batch, checked update."""
+"""One training step: forward, distillation loss over the global batch, checked update.
+
+`train_step` is the step; `Steps` is how the loop calls it: each step's values go to one
+callback, at once, or under defer_step_sync one step late (the deferral lives here only).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,6 +16,8 @@ import torch
 from aleph.errors import NonFiniteError
 from aleph.model.objective import distill_loss
 from aleph.train.checkpoint import Position
+from aleph.train.config import loss_weights
+from aleph.train.order import DataOrder
 from aleph.train.prefetch import Batch
 
 if TYPE_CHECKING:
@@ -19,31 +26,98 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepResult:
-    loss: float
-    nce: float
-    mse: float
-    grad_norm: float
+    values: dict[str, float]
+    """"loss", each term of the objective by its name ("nce", "mse"), "grad_norm"."""
     lr: float
-    step: int = 0
-    """The step (1-based) these values belong to: under defer_step_sync, the one before."""
-
-
-@dataclass
-class InFlight:
-    """A step whose stats (4,) are still on their way to the host (defer_step_sync)."""
-
     step: int
-    host: torch.Tensor  # (4,) pinned on CUDA, filled by a non_blocking copy
-    copied: torch.cuda.Event | None  # recorded after that copy; None on CPU (nothing queued)
-    lr: float
-    before: Position  # where training stood before this step (restored if it was non-finite)
+    """The step (1-based) these values belong to."""
 
-    def read(self) -> StepResult:
-        """The step's one host sync, one step late: waits for this step's copy only, not for
-        the work queued after it."""
-        if self.copied is not None:
-            self.copied.synchronize()
-        return _checked(self.step, self.host.tolist(), self.lr)
+    @property
+    def loss(self) -> float:
+        return self.values["loss"]
+
+    @property
+    def grad_norm(self) -> float:
+        return self.values["grad_norm"]
+
+    @property
+    def terms(self) -> dict[str, float]:
+        """The objective's terms by name, without the total and the gradient norm."""
+        return {k: v for k, v in self.values.items() if k not in ("loss", "grad_norm")}
+
+
+def train_step(t: Trainer, batch: Batch) -> StepResult:
+    """Forward on this rank's rows, loss over the global batch, checked update.
+
+    One host synchronisation per step: the loss, its terms and the clipped gradient norm
+    come to the host in one stacked read after clipping (each `.item()` would drain the
+    GPU queue and leave the accelerator idle while the host catches up), before
+    `opt.step()`: no update is made on NaN/inf. A non-finite loss makes the gradient norm
+    non-finite too, so one check covers both. No cross-rank flag is needed under DDP: the
+    loss is computed from the all-gathered global batch and the norm from the all-reduced
+    gradients, so every rank sees the same values and raises together.
+    """
+    stats, names, lr, step = _forward_backward(t, batch)
+    try:
+        result = _checked(step, names, stats.tolist(), lr)  # the step's one host sync
+    except NonFiniteError:
+        t.opt.zero_grad(set_to_none=True)  # the non-finite gradients must not reach a later step
+        raise
+    _update(t)
+    return result
+
+
+def _forward_backward(t: Trainer, batch: Batch) -> tuple[torch.Tensor, tuple[str, ...], float, int]:
+    """Loss and clipped gradients of one step; returns (values (V,) on the device, their
+    names, the learning rate, the step number)."""
+    cfg, world, device = t.cfg, t.world, t.device
+    ids, mask, target = batch  # (b, L) long, (b, L) bool or None (no padding), (b, D); b = B / W
+    use_bf16 = device.type == "cuda" and cfg.bf16
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
+        student = t.net(ids, mask)  # (b, D)
+    student = world.gather_with_grad(student.float())  # (B, D), rank order = batch order
+    target = world.gather(target)  # (B, D)
+    loss, terms = distill_loss(student, target, cfg.tau, loss_weights(cfg))
+    loss.backward()
+    clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(t.net.parameters(), clip)
+    names = ("loss", *terms, "grad_norm")
+    stats = torch.stack([loss.detach(), *(v.detach() for v in terms.values()),
+                         norm.to(loss.device)]).float()  # (V,)
+    return stats, names, t.opt.param_groups[0]["lr"], t.pos.step + 1
+
+
+def _update(t: Trainer, found_inf: torch.Tensor | None = None) -> None:
+    """The optimiser and schedule step. `found_inf` (() 1.0 = skip) is what fused AdamW
+    reads from the optimiser to skip a non-finite update on the device."""
+    if found_inf is not None:
+        t.opt.found_inf = found_inf
+    try:
+        t.opt.step()
+    finally:
+        t.opt.__dict__.pop("found_inf", None)
+    t.sched.step()
+    t.opt.zero_grad(set_to_none=True)
+
+
+def _checked(step: int, names: tuple[str, ...], values: list[float], lr: float) -> StepResult:
+    """The step's values, or NonFiniteError naming the first non-finite one: the loss (with
+    its terms), else the gradient norm."""
+    res = StepResult(dict(zip(names, values, strict=True)), lr, step)
+    intact = "no update was made, the last resume state is intact"
+    if not math.isfinite(res.loss):
+        terms = ", ".join(f"{k} {v}" for k, v in res.terms.items())
+        raise NonFiniteError(f"step {step}: loss is {res.loss} ({terms}); {intact}")
+    if not math.isfinite(res.grad_norm):
+        raise NonFiniteError(f"step {step}: gradient norm is {res.grad_norm} (loss {res.loss}); "
+                             f"{intact}")
+    return res
+
+
+def advance(pos: Position, order: DataOrder, seconds: float) -> Position:
+    """The position after one more global batch (`order.after` rolls the epoch over)."""
+    epoch, batch = order.after(pos.epoch, pos.batch_in_epoch)
+    return Position(pos.step + 1, epoch, batch, pos.samples_seen + order.global_batch, seconds)
 
 
 def deferring(t: Trainer) -> bool:
@@ -52,110 +126,86 @@ def deferring(t: Trainer) -> bool:
     return t.cfg.defer_step_sync and all(g.get("fused") for g in t.opt.param_groups)
 
 
-def train_step(t: Trainer, batch: Batch) -> StepResult | None:
-    """Forward on this rank's rows, loss over the global batch, checked update.
+class Steps:
+    """The loop's step: `steps(batch)` runs one; `deliver()` hands the StepResults read so
+    far to `report`; `settle()` also reads a step still in flight (before anything is
+    logged, saved, exported or stopped).
 
-    One host synchronisation per step: loss, its parts and the clipped gradient norm come
-    to the host in one stacked read after clipping (each `.item()` would drain the GPU
-    queue and leave the accelerator idle while the host catches up). A non-finite loss
-    makes the gradient norm non-finite too, so one check covers both. No cross-rank flag is
-    needed under DDP: the loss is computed from the all-gathered global batch and the norm
-    from the all-reduced gradients, so every rank sees the same values and raises together.
-
-    By default the read comes before `opt.step()` (no update is made on NaN/inf) and this
-    step's StepResult is returned. Under defer_step_sync (fused AdamW) the stats are
-    copied to the host without waiting and the update is skipped on the device when they
-    are non-finite (`found_inf`); the read happens in the next step, after its backward is
-    queued and before its update, which returns the previous step's StepResult (None on
-    the first) and raises NonFiniteError for it. `settle` reads what is still in flight.
+    Checked first (the default): `train_step`. Under defer_step_sync (`deferring`; not yet
+    measured on a GPU: bench/gpu_check.py --only deferred-sync) the values are copied to
+    the host without waiting, fused AdamW skips a non-finite update on the device
+    (`found_inf`), and they are read in the next step before its update: a NonFiniteError
+    still comes before any later update.
     """
-    cfg, world, device, model, opt = t.cfg, t.world, t.device, t.net, t.opt
-    ids, mask, target = batch  # (b, L) long, (b, L) bool or None (no padding), (b, D); b = B / W
-    use_bf16 = device.type == "cuda" and cfg.bf16
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
-        student = model(ids, mask)  # (b, D) with b = B / W
-    student = world.gather_with_grad(student.float())  # (B, D), rank order = batch order
-    target = world.gather(target)  # (B, D)
-    loss, parts = distill_loss(student, target, cfg.tau, cfg.w_nce, cfg.w_mse)
-    loss.backward()
-    clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    stats = torch.stack([loss.detach(), parts["nce"].detach(), parts["mse"].detach(),
-                         norm.to(loss.device)]).float()  # (4,)
-    lr, step = opt.param_groups[0]["lr"], t.pos.step + 1
-    if not deferring(t):
+
+    def __init__(self, t: Trainer, report: Callable[[StepResult], None]) -> None:
+        self.t, self.report, self.defer = t, report, deferring(t)
+        self.pending: _InFlight | None = None
+        self.read: list[StepResult] = []
+
+    def __call__(self, batch: Batch) -> None:
+        t = self.t
+        if not self.defer:
+            self.read.append(train_step(t, batch))
+            return
+        stats, names, lr, step = _forward_backward(t, batch)
+        flight = _InFlight.send(step, names, stats, lr, t.pos)
         try:
-            result = _checked(step, stats.tolist(), lr)  # the step's one host sync
+            self._read_pending()  # the previous step: raises before this step's update
         except NonFiniteError:
-            opt.zero_grad(set_to_none=True)  # the non-finite gradients must not reach a later step
+            t.opt.zero_grad(set_to_none=True)
             raise
-        _update(t)
-        return result
-    flight = _send(step, stats, lr, t.pos)
-    try:
-        earlier = settle(t)  # the previous step: raises before this step's update
-    except NonFiniteError:
-        opt.zero_grad(set_to_none=True)
-        raise
-    opt.found_inf = (~torch.isfinite(stats).all()).float()  # () 1.0: skip, on the device
-    try:
-        _update(t)
-    finally:
-        del opt.found_inf
-    t.pending = flight
-    return earlier
+        _update(t, found_inf=(~torch.isfinite(stats).all()).float())  # () 1.0: skip
+        self.pending = flight
+
+    def deliver(self) -> None:
+        read, self.read = self.read, []
+        for res in read:
+            self.report(res)
+
+    def settle(self) -> None:
+        """Read the step still in flight, if any, and deliver. Raises NonFiniteError for it,
+        with the position (and the monitor's step) set back: that step made no update."""
+        self._read_pending()
+        self.deliver()
+
+    def _read_pending(self) -> None:
+        flight, self.pending = self.pending, None
+        if flight is None:
+            return
+        try:
+            self.read.append(flight.read())
+        except NonFiniteError:
+            self.t.pos = flight.before
+            self.t.monitor.step = flight.before.step
+            raise
 
 
-def settle(t: Trainer) -> StepResult | None:
-    """The step still in flight under defer_step_sync, read now (None if none is): before a
-    save, a stop, the end, or a line that reports it. Raises NonFiniteError for it, with the
-    position (and the monitor's step) set back to before it: that step made no update."""
-    flight, t.pending = t.pending, None
-    if flight is None:
-        return None
-    try:
-        return flight.read()
-    except NonFiniteError:
-        t.pos = flight.before
-        t.monitor.step = flight.before.step
-        raise
+@dataclass
+class _InFlight:
+    """A step whose values (V,) are still on their way to the host (defer_step_sync)."""
 
+    step: int
+    names: tuple[str, ...]
+    host: torch.Tensor  # (V,) pinned on CUDA, filled by a non_blocking copy
+    copied: torch.cuda.Event | None  # recorded after that copy; None on CPU (nothing queued)
+    lr: float
+    before: Position  # where training stood before this step (restored if it was non-finite)
 
-def _update(t: Trainer) -> None:
-    t.opt.step()
-    t.sched.step()
-    t.opt.zero_grad(set_to_none=True)
+    @classmethod
+    def send(cls, step: int, names: tuple[str, ...], stats: torch.Tensor, lr: float,
+             before: Position) -> _InFlight:
+        """Start the copy of stats (V,) to the host without waiting for it."""
+        if not stats.is_cuda:
+            return cls(step, names, stats.clone(), None, lr, before)
+        host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
+        host.copy_(stats, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(step, names, host, copied, lr, before)
 
-
-def _send(step: int, stats: torch.Tensor, lr: float, before: Position) -> InFlight:
-    """Start the copy of stats (4,) to the host without waiting for it."""
-    if not stats.is_cuda:
-        return InFlight(step, stats.clone(), None, lr, before)
-    host = torch.empty(stats.shape, dtype=stats.dtype, pin_memory=True)
-    host.copy_(stats, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-    return InFlight(step, host, copied, lr, before)
-
-
-def _checked(step: int, values: list[float], lr: float) -> StepResult:
-    """The step's values, or NonFiniteError naming the first non-finite one."""
-    value, nce, mse, grad_norm = values
-    if not (math.isfinite(value) and math.isfinite(grad_norm)):
-        raise NonFiniteError(_nonfinite_message(step, value, nce, mse, grad_norm))
-    return StepResult(value, nce, mse, grad_norm, lr, step)
-
-
-def _nonfinite_message(step: int, loss: float, nce: float, mse: float, norm: float) -> str:
-    """Names the first non-finite value: the loss, else the gradient norm."""
-    intact = "no update was made, the last resume state is intact"
-    if not math.isfinite(loss):
-        return f"step {step}: loss is {loss} (nce {nce}, mse {mse}); {intact}"
-    return f"step {step}: gradient norm is {norm} (loss {loss}); {intact}"
-
-
-def advance(pos: Position, steps_per_epoch: int, batch: int, seconds: float) -> Position:
-    """The position after one more step of `batch` rows (the epoch rolls over at its end)."""
-    nxt = pos.batch_in_epoch + 1
-    epoch, nxt = (pos.epoch + 1, 0) if nxt == steps_per_epoch else (pos.epoch, nxt)
-    return Position(pos.step + 1, epoch, nxt, pos.samples_seen + batch, seconds)
+    def read(self) -> StepResult:
+        """The step's one host sync, one step late: waits for this step's copy only."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return _checked(self.step, self.names, self.host.tolist(), self.lr)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aleph.env.hostinfo import pick_device
 from aleph.errors import DataError
 from aleph.model import ModelConfig, build_model
 from aleph.record.fingerprint import Tracer
@@ -29,7 +30,7 @@ from aleph.train.config import TrainConfig, echo, model_config
 from aleph.train.distributed import World
 from aleph.train.identity import hostname
 from aleph.train.optim import make_optimizer, make_scheduler
-from aleph.train.prefetch import DataOrder
+from aleph.train.order import DataOrder
 from aleph.train.signals import StopFlag, preflight_pause
 
 UNKNOWN_CODE = {"revision": "unknown", "source_sha256": "unknown"}
@@ -73,8 +74,6 @@ class Trainer:
     targets: Any = None
     """The target store (aleph.targets.TargetStore)."""
     tokenizer: Any = None
-    pending: Any = None
-    """Under defer_step_sync, the step whose stats are still on their way (step.InFlight)."""
 
 
 def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, log,
@@ -90,7 +89,7 @@ def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str,
     log(f"launch {launch_id}: rank {world.rank} of {world.size}, host {hostname()}, "
         f"pid {os.getpid()}, torch {torch.__version__}, code {code['revision']} "
         f"(source sha256 {code['source_sha256']}), run directory {run_dir}")
-    device = preflight.pick_device(cfg, world)
+    device = pick_device(cfg.device, "config field 'device'", world.local_rank)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     torch.use_deterministic_algorithms(cfg.deterministic)
@@ -314,7 +313,7 @@ def record_data(run_dir: Path, manifest: outputs.Manifest, sources: preflight.So
 def resume(path: Path, cfg: TrainConfig, world: World, device: torch.device,
            model: torch.nn.Module, opt, sched, log) -> ckpt.Position:
     """Load a complete state into model/opt/sched and restore this rank's RNG streams."""
-    pos, rngs, _ = ckpt.load(path, model, opt, sched, log)
+    pos, rngs, _ = ckpt.load(path, model, opt, sched)
     if len(rngs) == world.size:
         ckpt.set_rng_state(rngs[world.rank], device, ckpt.stream_seed(cfg.seed, world.rank, pos.step))
     else:

@@ -12,8 +12,8 @@ def _run(root, name, statuses, final=False, step=64, evaluated=None):
     launches = [{"launch_id": f"L{i}", "start": f"2026-11-30T0{i}:00:00Z", "status": s, "action": "trained",
                  **({"end": f"2026-11-30T0{i}:30:00Z"} if s != "running" else {})}
                 for i, s in enumerate(statuses)]
-    atomic_write_json(d / "manifest.json", {"run_id": name, "launches": launches})
-    atomic_write_json(d / "config.json", {"arm": "a2_dense", "seed": 0, "preset": "smoke"})
+    atomic_write_json(d / "manifest.json", {"format_version": 1, "run_id": name, "launches": launches})
+    atomic_write_json(d / "config.json", {"format_version": 1, "arm": "a2_dense", "seed": 0, "preset": "smoke"})
     atomic_write_json(d / "metrics.json", {"step": step, "total_steps": 128})
     (d / "run.lock").write_text('{"pid": 1, "host": "gone", "start": "2026-11-30T00:00:00Z"}\n')
     if final:
@@ -75,18 +75,19 @@ def test_runs_list_names_a_damaged_run_and_lists_the_others(tmp_path, capsys):
     _run(tmp_path, "a1_anchored-s0", ["complete"], final=True, step=128)
     damages = {"a2_dense-s0": b'{"run_id": "a2_dense-s0", "launches": [',  # cut short
                "a2_dense-s1": b"\xff\xfe not UTF-8",
-               "a3_random-s0": b'{"launches": 5}',  # a field of the wrong type
-               "a3_random-s1": b"[" * 100_000 + b"]" * 100_000}  # nested too deep to parse
+               "a3_random-s0": b'{"format_version": 1, "launches": 5}',  # a field of the wrong type
+               "a3_random-s1": b"[" * 100_000 + b"]" * 100_000,  # nested too deep to parse
+               "a3_random-s2": b'{"format_version": 2, "launches": []}'}  # another version
     for name, data in damages.items():
         (_run(tmp_path, name, ["stopped"]) / "manifest.json").write_bytes(data)
     _run(tmp_path, "smoke/a2_dense-s0", ["stopped"], step=10)
 
     assert main(["runs", "list", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    rows = {line.split()[0]: line.split()[1:] for line in out[2:2 + 6]}
+    rows = {line.split()[0]: line.split()[1:] for line in out[2:2 + 7]}
     assert rows["a1_anchored-s0"][0] == "complete" and rows["smoke/a2_dense-s0"][:2] == [
         "stopped", "10/128"]
-    notes = out[2 + 6:]
+    notes = out[2 + 7:]
     assert len(notes) == len(damages)
     for name in damages:
         assert rows[name] == ["damaged", "—", "—", "—"]
@@ -97,4 +98,6 @@ def test_runs_list_names_a_damaged_run_and_lists_the_others(tmp_path, capsys):
     assert says == {"a2_dense-s0": "not valid JSON (line 1: Expecting value)",
                     "a2_dense-s1": "not UTF-8 text (byte 0); expected JSON",
                     "a3_random-s0": "field 'launches' is int, expected a list of launches",
-                    "a3_random-s1": "nested too deeply to parse; expected a JSON object"}
+                    "a3_random-s1": "nested too deeply to parse; expected a JSON object",
+                    "a3_random-s2": "format_version 2, expected 1 (written by another version "
+                                    "of aleph-e1; this one reads only its own)"}

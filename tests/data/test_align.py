@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from aleph.data import load_captions, open_captions
-from aleph.data.align import check_alignment, sample_blocks
+from aleph.data.align import check_pairing, sample_blocks
 from aleph.errors import DataError
 
 SAMPLE = 2048  # 16 blocks of 128: 1,024 rows fitted, 1,024 held out
@@ -38,7 +38,7 @@ def pairings(smoke, tmp_path_factory):
 
 
 def _check(smoke, smoke_tokenizer, path):
-    return check_alignment(open_captions(path), [str(p) for p in smoke.target_chunks],
+    return check_pairing(open_captions(path), [str(p) for p in smoke.target_chunks],
                            smoke_tokenizer, sample=SAMPLE)
 
 

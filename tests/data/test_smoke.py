@@ -7,7 +7,7 @@ import torch
 
 from aleph.data import ensure_smoke_data, sts_pairs
 from aleph.data.grammar import Meaning, render, sample_meaning
-from aleph.data.teacher import Teacher, overlap_cosine
+from aleph.data.smoke_teacher import Teacher, overlap_cosine
 from aleph.errors import DataError
 
 

@@ -10,7 +10,7 @@ import torch
 
 from aleph.errors import ConfigError
 from aleph.model import ARMS, ModelConfig, build_model, count_parameters
-from aleph.model.config import INIT_BEFORE_FIELD, INIT_SCHEMES
+from aleph.model.config import INIT_SCHEMES
 
 
 def _is_orthogonal(w: torch.Tensor) -> bool:
@@ -138,12 +138,14 @@ def test_unknown_init_names_the_field_and_the_schemes():
     assert all(s in msg for s in INIT_SCHEMES)
 
 
-def test_init_round_trips_and_a_config_without_it_reads_as_the_former_init():
+def test_init_round_trips_and_a_config_without_it_is_refused_in_one_line():
     cfg = ModelConfig(arm="a2_dense", vocab_size=99, init="normal_0.02")
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     old = ModelConfig(arm="a2_dense", vocab_size=99).to_dict()
     del old["init"]  # a model_config.json written before the field existed
-    assert ModelConfig.from_dict(old).init == INIT_BEFORE_FIELD == "normal_0.02"
+    with pytest.raises(ConfigError) as e:
+        ModelConfig.from_dict(old, source="w/model_config.json")
+    assert str(e.value) == "w/model_config.json: missing required field(s) ['init']"
 
 
 # --- anchor drift ----------------------------------------------------------------------

@@ -19,7 +19,7 @@ def test_terms_match_a_direct_computation():
     torch.testing.assert_close(parts["nce"], (row + col) / 2)
     torch.testing.assert_close(parts["mse"], ((s - t) ** 2).mean())
     torch.testing.assert_close(total, parts["nce"] + parts["mse"])
-    weighted, _ = distill_loss(s, t, w_nce=0.5, w_mse=3.0)
+    weighted, _ = distill_loss(s, t, weights={"nce": 0.5, "mse": 3.0})
     torch.testing.assert_close(weighted, 0.5 * parts["nce"] + 3.0 * parts["mse"])
 
 
@@ -48,3 +48,8 @@ def test_gradient_reaches_the_student():
 def test_shape_mismatch_names_out_dim():
     with pytest.raises(ConfigError, match="out_dim"):
         distill_loss(_unit(d=512), _unit(d=768))
+
+
+def test_every_term_needs_its_weight():
+    with pytest.raises(ConfigError, match=r"weights for \['nce'\], terms \['mse', 'nce'\]"):
+        distill_loss(_unit(), _unit(seed=1), weights={"nce": 1.0})

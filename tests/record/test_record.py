@@ -21,6 +21,7 @@ from aleph.record.launch import (
     read_launches,
     training_launches,
 )
+from aleph.record.layout import RunLayout
 
 SOURCE = '''import x
 A = 1
@@ -137,12 +138,8 @@ def test_effective_step_ranges_cut_where_the_next_launch_resumed():
     # a fresh start after every resume state was lost: the earlier launch kept nothing
     fresh = {"launches": [_entry(1, TRAINED, (0, 30), status="lost"), _entry(2, TRAINED, (0, 64))]}
     assert [r.launch_id for r in training_launches(fresh)] == ["L2"]
-    # entries from before per-launch records: no-op by its note, the rest assumed trained
-    old = {"launches": [_entry(1), _entry(2, note="already complete")],
-           "code_revision": "abc", "source_sha256": "s" * 64}
-    recs = read_launches(old)
-    assert [r.action for r in recs] == [TRAINED, NOOP]
-    assert recs[0].code == {"revision": "abc", "source_sha256": "s" * 64}
+    # an entry without an action yet (a running launch) is assumed to have trained
+    assert [r.action for r in read_launches({"launches": [_entry(1)]})] == [TRAINED]
 
 
 def test_choose_action():
@@ -168,8 +165,8 @@ def test_a_launch_never_rewrites_an_earlier_launchs_record(tmp_path, monkeypatch
     m2.end_launch(0, "complete", "already complete", NOOP, 4)
     now = json.loads((tmp_path / "manifest.json").read_text())
     assert now["launches"][0] == first["launches"][0]
-    for key in ("code_revision", "source_sha256", "environment"):
-        assert now[key] == first[key]  # the first launch's, kept for older readers
+    assert now["format_version"] == 1  # and no top-level copy of a launch's record
+    assert not {"code_revision", "source_sha256", "environment"} & set(now)
     assert now["launches"][1]["code"]["revision"] == "r2"
     assert now["launches"][1]["environment"] == {"torch": "9.9"}
     env = now["launches"][1]["envelope"]
@@ -234,21 +231,23 @@ def test_a_vanished_launch_is_named_oom_killed_only_on_evidence(tmp_path):
 
 
 def test_heartbeat_file_is_rewritten_atomically_with_step_and_memory(tmp_path):
-    mon = heartbeat.LaunchMonitor(tmp_path / "L.heartbeat.json", "L", interval_s=0.05).start()
+    run = RunLayout(tmp_path)
+    run.launches.mkdir()
+    mon = heartbeat.LaunchMonitor(run.heartbeat("L"), "L", interval_s=0.05).start()
     mon.step_from, mon.step, mon.phase = 0, 3, "training"
     import time
 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        data = heartbeat.read_heartbeat(tmp_path, "L")
+        data = heartbeat.read_heartbeat(run, "L")
         if data and data["step"] == 3:
             break
         time.sleep(0.02)
     mon.stop()
-    data = heartbeat.read_heartbeat(tmp_path, "L")
+    data = heartbeat.read_heartbeat(run, "L")
     assert (data["phase"], data["step"], data["launch_id"]) == ("ended", 3, "L")
     assert data["rss_bytes"] > 0 and data["peak_rss_bytes"] >= data["rss_bytes"]
-    assert [p.name for p in tmp_path.iterdir()] == ["L.heartbeat.json"]  # no temp files left
+    assert [p.name for p in run.launches.iterdir()] == ["L.heartbeat.json"]  # no temp files left
 
 
 def test_scope_hashes_are_cached_by_file_content_and_a_bad_cache_is_recomputed(tmp_path):
@@ -265,7 +264,8 @@ def test_scope_hashes_are_cached_by_file_content_and_a_bad_cache_is_recomputed(t
 
     first = run()
     assert first["_helper_called_in_the_window"] == truth
-    (cached,) = tmp_path.glob("*.json")
+    (cached,) = [p for p in tmp_path.glob("*.json")  # this file's (others of tests/record too)
+                 if json.loads(p.read_text())["file"].endswith("test_record.py")]
     assert json.loads(cached.read_text())["scopes"]["_helper_called_in_the_window"] == truth
     assert run() == first  # from the cache
     cached.write_text("{not json")

@@ -21,7 +21,7 @@ def fake_eval(run, arm, seed, cap, off=None, r1=0.99, cos=0.8, er=90.0, fp="f" *
     run.mkdir(parents=True, exist_ok=True)
     tasks = {t: {"spearman": cap + 0.01 * (i - 3.5), "fingerprint": f"fp-{t}"} for i, t in enumerate(tasks)}
     if config is not None:
-        atomic_write_json(run / "config.json", {"arm": arm, "seed": seed, **config})
+        atomic_write_json(run / "config.json", {"format_version": 1, "arm": arm, "seed": seed, **config})
     atomic_write_json(run / "eval.json", {
         "run_id": run.name, "arm": arm, "seed": seed, "capability": cap,
         "capability_dispatch_off": off, "toggle": None if off is None else off - cap,

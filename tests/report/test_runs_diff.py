@@ -11,7 +11,7 @@ from fixtures.runs import environment, make_run
 
 from aleph._io import atomic_write_json, read_json
 from aleph.cli import main
-from aleph.errors import EXIT_STOPPED
+from aleph.errors import EXIT_STOPPED, AlephError
 from aleph.report.diff import diff_runs
 from aleph.report.diff_text import format_diff
 
@@ -90,19 +90,26 @@ def test_environment_and_config_blockers_and_caveats(tmp_path, capsys):
     assert json.loads(out.read_text())["verdict"] == "not equivalent"
 
 
-def test_a_different_init_is_a_blocker_and_a_config_without_it_ran_normal_002(tmp_path):
+def test_a_different_init_is_a_blocker(tmp_path):
     a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False,
                  config={"init": "e1_orthogonal"})
     b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False,
                  config={"init": "normal_0.02"})
     assert diff_runs(a, b).blockers == ["init: 'e1_orthogonal' vs 'normal_0.02'"]
-    old = make_run(tmp_path / "z", "a3_random", steps=0, train_scalars=False)  # no init recorded
-    assert "init" not in read_json(old / "config.json")
-    assert diff_runs(a, old).blockers == [
-        "init: 'e1_orthogonal' vs 'normal_0.02' (B recorded no init: its config predates the "
-        "field, so it ran 'normal_0.02')"]
-    d = diff_runs(old, b)
-    assert d.verdict == "equivalent", format_diff(d)
+
+
+def test_a_run_of_another_format_version_is_refused_in_one_line(tmp_path, capsys):
+    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
+    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False)
+    edit(b, "config.json", lambda c: c.pop("format_version"))  # as runs before versions were
+    assert main(["runs", "diff", str(a), str(b)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        f"{b / 'config.json'}: format_version None, expected 1 (written by another version of "
+        "aleph-e1; this one reads only its own)")
+    edit(b, "config.json", lambda c: c.update(format_version=1))
+    edit(b, "manifest.json", lambda m: m.update(format_version=2))
+    with pytest.raises(AlephError, match=r"manifest\.json: format_version 2, expected 1 \("):
+        diff_runs(a, b)
 
 
 def test_launch_history_gaps_missing_headers_and_failures(tmp_path):
@@ -180,18 +187,24 @@ def test_code_difference_lists_files_and_hunks_from_a_checkout(tmp_path):
     assert ("info", f"{tmp_path} is not a git checkout: code hunks not listed") \
         in levels(d, "code")
     # git and a checkout, but a revision the checkout does not hold: named, in one line
-    edit(a, "manifest.json", lambda m: m.update(code_revision="f" * 40))
+    edit(a, "manifest.json", lambda m: _set_code(m, revision="f" * 40))
     assert levels(diff_runs(a, b, repo=repo), "code")[-1] == (
         "info", f"revision ffffffffffff not in the git checkout at {repo}: code hunks not listed")
-    edit(a, "manifest.json", lambda m: m.update(code_revision=rev1))
+    edit(a, "manifest.json", lambda m: _set_code(m, revision=rev1))
     # two dirty trees on one base revision: no hunks to show, and the report says why
-    edit(a, "manifest.json", lambda m: m.update(code_revision=rev2 + "-dirty"))
+    edit(a, "manifest.json", lambda m: _set_code(m, revision=rev2 + "-dirty"))
     d = diff_runs(a, b, repo=repo)
     assert d.code_diff is None and any(f.text.startswith("same base revision") for f in d.findings)
     # identical source under two revisions is not a caveat
-    edit(b, "manifest.json", lambda m: m.update(source_sha256="1" * 64))
-    edit(a, "manifest.json", lambda m: m.update(code_revision=rev1))
+    edit(b, "manifest.json", lambda m: _set_code(m, source_sha256="1" * 64))
+    edit(a, "manifest.json", lambda m: _set_code(m, revision=rev1))
     assert diff_runs(a, b, repo=repo).caveats == []
+
+
+def _set_code(manifest: dict, **code) -> None:
+    """Set fields of the code record of every launch of a manifest."""
+    for launch in manifest["launches"]:
+        launch["code"].update(code)
 
 
 def _python_only_path(tmp_path: Path) -> str:
@@ -241,26 +254,13 @@ def test_runs_diff_without_git_is_silent_about_hunks_when_the_code_is_the_same(t
     assert "identical source" in p.stdout and NO_GIT not in p.stdout
 
 
-def test_documented_manifest_layout_is_read_too(tmp_path):
-    """docs/ARCHITECTURE.md names `code` and `targets` objects; the trainer writes top-level keys."""
-    a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
-    b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False)
-
-    def documented(m):
-        m["code"] = {"revision": m.pop("code_revision"), "source_sha256": "9" * 64}
-        m["targets"] = m.pop("target_store")
-    edit(b, "manifest.json", documented)
-    d = diff_runs(a, b)
-    assert d.verdict == "equivalent with caveats" and d.caveats[0].startswith("code differs")
-
-
 def test_bad_run_directories_are_named(tmp_path, capsys):
     a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
     assert main(["runs", "diff", str(a), str(tmp_path / "missing")]) == 2
     assert "missing: not a run directory" in capsys.readouterr().err
-    edit(a, "manifest.json", lambda m: m.pop("environment"))
+    edit(a, "manifest.json", lambda m: m["launches"][0].pop("environment"))
     assert main(["runs", "diff", str(a), str(a)]) == 2
-    assert "manifest.json: missing field 'environment'" in capsys.readouterr().err
+    assert "manifest.json: missing field 'launches[0].environment'" in capsys.readouterr().err
 
 
 def test_launch_statuses_are_the_trainers_and_each_is_judged(tmp_path):
@@ -346,19 +346,19 @@ def test_unknown_revisions_are_not_called_the_same_base(tmp_path):
 
 
 def test_a_launch_that_found_the_run_complete_is_not_a_resume(tmp_path):
-    from aleph.train.outputs import NOTHING_TO_TRAIN
+    from aleph.record.launch import NOOP, NOTHING_TO_TRAIN, RESUMED, TRAINED
 
     a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
     b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False, launches=[
         {"launch_id": "L1", "start": "2026-08-07T02:00:00Z", "end": "2026-08-07T03:00:00Z",
-         "exit_status": 0, "status": "complete", "note": "128 steps"},
+         "exit_status": 0, "status": "complete", "note": "128 steps", "action": TRAINED},
         {"launch_id": "L2", "start": "2026-08-07T04:00:00Z", "end": "2026-08-07T04:00:05Z",
-         "exit_status": 0, "status": "complete", "note": NOTHING_TO_TRAIN}])
+         "exit_status": 0, "status": "complete", "note": NOTHING_TO_TRAIN, "action": NOOP}])
     d = diff_runs(a, b)
     assert d.verdict == "equivalent" and d.caveats == []
     assert ("info", "B: 2 launch(es); 1 trained nothing the run kept (1 found the run already complete)") in [
         (f.level, f.text) for f in d.findings if f.section == "launches"]
-    edit(b, "manifest.json", lambda m: m["launches"][1].update(note="64 steps"))
+    edit(b, "manifest.json", lambda m: m["launches"][1].update(note="64 steps", action=RESUMED))
     assert diff_runs(a, b).caveats == ["B: 2 launch(es) trained steps the run kept: resumed 1 time(s)"]
 
 

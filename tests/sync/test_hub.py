@@ -7,10 +7,10 @@ import json
 import pytest
 
 from aleph._io import sha256_file
+from aleph.record.layout import SYNC_STATE as STATE_FILE
 from aleph.sync import SyncError, pull, push
 from aleph.sync.hub import HubDestination
 from aleph.sync.index import run_path
-from aleph.sync.select import STATE_FILE
 from tests.sync.fake_hub import FakeHub
 
 TOKEN = "hf_aleph_sync_test_token_0123456789"

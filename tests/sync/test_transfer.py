@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from aleph._io import sha256_file
+from aleph.record.layout import SYNC_STATE as STATE_FILE
 from aleph.sync import SyncError, parse_destination, pull, push
 from aleph.sync.dest import PAUSE_ENV
 from aleph.sync.index import run_path
 from aleph.sync.local import DirDestination
-from aleph.sync.select import STATE_FILE
 from tests.sync.conftest import REPO, aleph, child_env
 
 

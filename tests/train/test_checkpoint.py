@@ -1,5 +1,5 @@
 """Resume states in-process: checksummed COMPLETE markers, verification, fallback, set-aside,
-legacy markers, pruning, file modes, and disk-full handling (free-space check and a real
+markers of another format version, pruning, file modes, and disk-full handling (free-space check and a real
 EFBIG under RLIMIT_FSIZE in a subprocess)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from aleph._io import file_mode, sha256_file
-from aleph.errors import QuotaError
+from aleph.errors import QuotaError, StoreError
+from aleph.record.layout import RunLayout
 from aleph.train import checkpoint as ckpt
 from tests.train.conftest import REPO, tiny_trainer
 
@@ -28,20 +29,20 @@ def _save(run_dir, steps, keep=3):
 
 def test_marker_records_every_files_sha256_and_size_and_files_are_0644(tmp_path):
     _save(tmp_path, [3])
-    state = ckpt.step_dir(tmp_path, 3)
+    state = RunLayout(tmp_path).state_dir(3)
     marker = json.loads((state / "COMPLETE").read_text())
-    assert marker["marker_version"] == 2 and marker["step"] == 3
+    assert marker["format_version"] == 1 and marker["step"] == 3
     assert set(marker["files"]) == {"model.safetensors", "trainer.pt", "meta.json"}
     for name, rec in marker["files"].items():
         assert rec == {"sha256": sha256_file(state / name), "size": (state / name).stat().st_size}
     for name in ("model.safetensors", "trainer.pt", "meta.json", "COMPLETE"):
         assert (state / name).stat().st_mode & 0o777 == file_mode(), name  # 0644 at umask 022
-    assert ckpt.verify_state(state) == ckpt.Check(None)
+    assert ckpt.verify_state(state) is None
 
 
 def test_deleted_file_falls_back_to_the_previous_state_and_is_set_aside(tmp_path):
     _save(tmp_path, [3, 6])
-    (ckpt.step_dir(tmp_path, 6) / "trainer.pt").unlink()
+    (RunLayout(tmp_path).state_dir(6) / "trainer.pt").unlink()
     lines = []
     path, meta = ckpt.find_resume(tmp_path, lines.append)
     assert (path.name, meta["step"]) == ("step-00000003", 3)
@@ -51,19 +52,20 @@ def test_deleted_file_falls_back_to_the_previous_state_and_is_set_aside(tmp_path
     [aside] = (tmp_path / "checkpoints").glob("step-00000006.corrupt-*")
     assert (aside / "model.safetensors").is_file()  # kept for inspection
     # no longer counted, never removed as incomplete, never pruned
-    assert [p.name for p in ckpt.complete_steps(tmp_path)] == ["step-00000003"]
+    assert [p.name for p in RunLayout(tmp_path).complete_states()] == ["step-00000003"]
     assert ckpt.remove_incomplete(tmp_path) == []
     assert ckpt.prune(tmp_path, 1) == [] and aside.is_dir()
     # a later save of the same step is a new, complete state beside the corrupt one
     _save(tmp_path, [6])
-    assert [p.name for p in ckpt.complete_steps(tmp_path)] == ["step-00000003", "step-00000006"]
+    assert [p.name for p in RunLayout(tmp_path).complete_states()] == ["step-00000003", "step-00000006"]
     assert aside.is_dir()
 
 
-@pytest.mark.parametrize("damage", ["flip-meta", "resize-model", "bad-marker", "wrong-step"])
+@pytest.mark.parametrize("damage", ["flip-meta", "resize-model", "bad-marker", "plain-line",
+                                    "wrong-step"])
 def test_each_kind_of_damage_is_one_line_naming_the_file(tmp_path, damage):
     _save(tmp_path, [3])
-    state = ckpt.step_dir(tmp_path, 3)
+    state = RunLayout(tmp_path).state_dir(3)
     if damage == "flip-meta":
         text = (state / "meta.json").read_text()
         (state / "meta.json").write_text(text.replace('"step": 3', '"step": 4'))
@@ -75,39 +77,49 @@ def test_each_kind_of_damage_is_one_line_naming_the_file(tmp_path, damage):
     elif damage == "bad-marker":
         (state / "COMPLETE").write_text("{not json")
         want = r"COMPLETE: not a valid marker"
+    elif damage == "plain-line":  # the marker of the trainer before checksums: not read
+        (state / "COMPLETE").write_text("step 3\n")
+        want = r"COMPLETE: not a valid marker \(expected a JSON object with format_version 1"
     else:
         marker = json.loads((state / "COMPLETE").read_text())
         (state / "COMPLETE").write_text(json.dumps({**marker, "step": 9}))
         want = r"COMPLETE: records step 9, the directory is step-00000003"
-    problem = ckpt.verify_state(state).problem
+    problem = ckpt.verify_state(state)
     assert problem is not None and "\n" not in problem
     assert __import__("re").match(want, problem), problem
 
 
-def test_legacy_marker_is_accepted_with_a_note_after_a_readability_check(tmp_path):
+@pytest.mark.parametrize("marker, found", [
+    ('{"marker_version": 2, "step": 6, "files": {}}', "None"),
+    ('{"format_version": 2, "step": 6, "files": {}}', "2"),
+])
+def test_a_state_of_another_format_version_is_refused_in_one_line(tmp_path, marker, found):
     _save(tmp_path, [3, 6])
-    for step in (3, 6):  # as the trainer before checksums wrote it
-        (ckpt.step_dir(tmp_path, step) / "COMPLETE").write_text(f"step {step}\n")
-    lines = []
-    path, _ = ckpt.find_resume(tmp_path, lines.append)
-    assert path.name == "step-00000006"
-    assert lines == ["resume: checkpoints/step-00000006/COMPLETE has no checksums (written by an "
-                     "earlier trainer): accepted after a readability check; changed bytes in it "
-                     "cannot be detected"]
+    state = RunLayout(tmp_path).state_dir(6)
+    (state / "COMPLETE").write_text(marker)
+    with pytest.raises(StoreError) as e:
+        ckpt.find_resume(tmp_path, print)
+    assert str(e.value) == (f"{state / 'COMPLETE'}: format_version {found}, expected 1 (written by "
+                            "another version of aleph-e1; this one reads only its own)")
+    assert e.value.exit_code == 2
+    assert sorted(p.name for p in RunLayout(tmp_path).checkpoints.iterdir()) == [
+        "step-00000003", "step-00000006"]  # nothing set aside, nothing removed
+
+
+def test_meta_of_another_format_version_is_refused_in_one_line(tmp_path):
+    _save(tmp_path, [3])
+    state = RunLayout(tmp_path).state_dir(3)
+    meta = json.loads((state / "meta.json").read_text())
+    del meta["format_version"]
+    (state / "meta.json").write_text(json.dumps(meta))
     model, opt, sched = tiny_trainer()[1:]
-    assert ckpt.load(path, model, opt, sched)[0].step == 6
-    # a truncated legacy state is still caught (safetensors header no longer covers the file)
-    with open(path / "model.safetensors", "r+b") as f:
-        f.truncate(100)
-    lines.clear()
-    path, _ = ckpt.find_resume(tmp_path, lines.append)
-    assert path.name == "step-00000003"
-    assert "checkpoints/step-00000006/model.safetensors: unreadable (" in lines[0]
+    with pytest.raises(StoreError, match=r"^\S+/meta\.json: format_version None, expected 1 \("):
+        ckpt.load(state, model, opt, sched)
 
 
 def test_no_intact_state_is_a_loud_fresh_start(tmp_path):
     _save(tmp_path, [3])
-    (ckpt.step_dir(tmp_path, 3) / "meta.json").write_text("{}")
+    (RunLayout(tmp_path).state_dir(3) / "meta.json").write_text("{}")
     lines = []
     assert ckpt.find_resume(tmp_path, lines.append) is None
     assert len(lines) == 2 and lines[1].startswith(
@@ -120,27 +132,29 @@ def test_no_intact_state_is_a_loud_fresh_start(tmp_path):
 def test_never_more_than_keep_complete_states(tmp_path, monkeypatch):
     """The oldest states go before the new marker is written, so no instant has keep + 1."""
     seen = []
-    real = ckpt.atomic_write_json
+    from aleph.record import layout
+
+    real = layout.atomic_write_json
 
     def spy(path, obj):  # called for the marker: count complete states just before it
-        seen.append(len(ckpt.complete_steps(tmp_path)))
+        seen.append(len(RunLayout(tmp_path).complete_states()))
         real(path, obj)
 
-    monkeypatch.setattr(ckpt, "atomic_write_json", spy)
+    monkeypatch.setattr(layout, "atomic_write_json", spy)
     _save(tmp_path, [1, 2, 3, 4], keep=2)
     assert seen == [0, 1, 1, 1]
-    assert [p.name for p in ckpt.complete_steps(tmp_path)] == ["step-00000003", "step-00000004"]
+    assert [p.name for p in RunLayout(tmp_path).complete_states()] == ["step-00000003", "step-00000004"]
 
 
 def test_too_little_free_space_is_refused_before_writing(tmp_path, monkeypatch):
     model, opt, sched = _save(tmp_path, [3])
-    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    before = sorted(p.name for p in RunLayout(tmp_path).checkpoints.iterdir())
     monkeypatch.setattr("aleph._io.free_bytes", lambda path: 1000)
     with pytest.raises(QuotaError) as e:
         ckpt.save(tmp_path, model, opt, sched, ckpt.Position(6, 0, 6, 24, 1.0),
                   [ckpt.rng_state()], "h", keep=2)
     msg = str(e.value)
-    assert msg.startswith(f"{ckpt.step_dir(tmp_path, 6)}: not enough disk space for the resume "
+    assert msg.startswith(f"{RunLayout(tmp_path).state_dir(6)}: not enough disk space for the resume "
                           "state of step 6 (model.safetensors, trainer.pt, meta.json): needs ")
     assert msg.split("needs ")[1].split(" B,")[0].replace(",", "").isdigit()
     assert ", 1,000 B free" in msg and "\n" not in msg
@@ -186,7 +200,7 @@ def test_running_out_of_room_mid_write_names_the_file(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
-    state = ckpt.step_dir(run_dir, 3)
+    state = RunLayout(run_dir).state_dir(3)
     assert lines["ckpt"].startswith(f"QuotaError {state}/model.safetensors: disk full while "
                                     "writing (File too large): needs ")
     assert lines["ckpt"].endswith("B free; the previous resume state is intact: free space and "

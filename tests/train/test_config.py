@@ -97,12 +97,29 @@ def test_init_field_is_checked_and_reaches_the_model_config():
         assert model_config(cfg, vocab_size=50, pad_id=0).init == init
 
 
-def test_a_run_recorded_before_the_init_field_resumes_only_as_normal_002():
-    saved = to_dict(resolve("smoke", arm="a1_anchored"))
-    del saved["init"]  # a config.json written before the field existed: it ran normal_0.02
-    check_same_run(saved, resolve("smoke", overrides=["init=normal_0.02"], arm="a1_anchored"))
-    with pytest.raises(ConfigError, match="init: run has 'normal_0.02', launch asks 'e1_orthogonal'"):
-        check_same_run(saved, resolve("smoke", arm="a1_anchored"))
+@pytest.mark.parametrize("version", [None, 2])
+def test_a_run_config_of_another_format_version_is_refused_in_one_line(tmp_path, version):
+    """config.json of another format_version (or none: a run recorded before versions, e.g.
+    without the init field) is refused in one line, and left as it was."""
+    import json
+
+    from aleph.errors import StoreError
+    from aleph.train.run import _check_config
+
+    cfg = resolve("smoke", arm="a1_anchored")
+    saved = to_dict(cfg)
+    del saved["init"]
+    if version is not None:
+        saved["format_version"] = version
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(StoreError) as e:
+        _check_config(tmp_path, cfg, print)
+    assert str(e.value) == (f"{tmp_path / 'config.json'}: format_version {version}, expected 1 "
+                            "(written by another version of aleph-e1; this one reads only its own)")
+    assert json.loads((tmp_path / "config.json").read_text()) == saved
+    (tmp_path / "new").mkdir()
+    _check_config(tmp_path / "new", cfg, print)  # a new run's config.json: version 1 written
+    assert json.loads((tmp_path / "new" / "config.json").read_text())["format_version"] == 1
 
 
 def test_every_field_is_documented():
@@ -226,8 +243,10 @@ def test_every_float_field_given_as_an_int_becomes_a_float(tmp_path):
 
 def test_help_lists_every_field_with_type_and_default(capsys):
     """`aleph train --help` documents each config field: name, type, default, first line."""
+    import typing
     from dataclasses import fields
 
+    from aleph._fields import type_text
     from aleph.cli import main
     from aleph.train.config import TrainConfig
     from aleph.train.config_text import field_docs
@@ -236,11 +255,13 @@ def test_help_lists_every_field_with_type_and_default(capsys):
         main(["train", "--help"])
     assert done.value.code == 0
     out = capsys.readouterr().out
-    docs = field_docs()
+    docs, hints = field_docs(TrainConfig), typing.get_type_hints(TrainConfig)
     for f in fields(TrainConfig):
-        assert f"  {f.name} ({f.type}) = {f.default!r}" in out, f.name
+        assert f"  {f.name} ({type_text(hints[f.name])}) = {f.default!r}" in out, f.name
         assert docs[f.name].split(". ")[0][:40] in out, f.name  # its docstring's first line
     assert "  warmup_steps (int) = 2000 [smoke: 20]" in out  # the smoke preset's value beside it
+    assert "  arm (one of a1_anchored, a2_dense, a3_random) = 'a2_dense'" in out
+    assert "  alloc_cap_fraction (float | None) = None" in out
     assert "--name NAME" in out
 
 
@@ -287,21 +308,12 @@ def test_a_run_name_never_nests_one_run_inside_another(tmp_path, monkeypatch):
     assert run_dir_for(smoke) == tmp_path / "runs" / "smoke" / "a2_dense-s0"  # resumes as before
 
 
-def test_a_run_recorded_before_target_dim_resumes():
-    saved = to_dict(resolve("smoke", arm="a2_dense"))
-    del saved["target_dim"]  # a config.json written before the field existed: any width
-    check_same_run(saved, resolve("smoke", arm="a2_dense"))
-    with pytest.raises(ConfigError, match="target_dim: run has 0, launch asks 512"):
-        check_same_run(saved, resolve("smoke", arm="a2_dense", overrides=["target_dim=512"]))
-
-
 def test_every_field_declares_its_facts_where_it_is_declared():
     """resumable and basis on every field (knob); the derived lists agree with them."""
     from dataclasses import fields
 
     from aleph.model.config import ModelConfig
     from aleph.train.config import (
-        ADDED_FIELDS,
         MODEL_FIELDS_FROM_DATA,
         OPERATIONAL,
         RESUMABLE_CHANGES,
@@ -315,7 +327,6 @@ def test_every_field_declares_its_facts_where_it_is_declared():
     assert "hf_token" in SECRET_FIELDS and "hf_token" in RESUMABLE_CHANGES & OPERATIONAL
     assert {"ckpt_every_steps", "device", "sync_to"} <= RESUMABLE_CHANGES
     assert {"lr", "d_model", "init", "batch_size"}.isdisjoint(RESUMABLE_CHANGES | OPERATIONAL)
-    assert ADDED_FIELDS["init"] == "normal_0.02" and ADDED_FIELDS["target_dim"] == 0
     # the shape fields are ModelConfig's, not a copy: one more model field is one more here
     shape = {f.name for f in fields(ModelConfig)} - set(MODEL_FIELDS_FROM_DATA)
     assert shape <= {f.name for f in fields(TrainConfig)}

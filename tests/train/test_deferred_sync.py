@@ -1,5 +1,5 @@
-"""defer_step_sync (aleph.train.step): the same values as the checked-first step, read one
-step late; a non-finite step is skipped by fused AdamW's found_inf and raised before the next
+"""defer_step_sync (aleph.train.step.Steps): the same values as the checked-first step, read
+one step late; a non-finite step is skipped by fused AdamW's found_inf and raised before the next
 update. Run on CPU with torch 2.4's fused CPU AdamW, which takes found_inf like the CUDA one."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from aleph.errors import NonFiniteError
 from aleph.model import ModelConfig, build_model
 from aleph.train.config import resolve
 from aleph.train.optim import make_scheduler
-from aleph.train.step import deferring, settle, train_step
+from aleph.train.step import Steps, deferring, train_step
 from aleph.train.trainer import step_trainer
 
 STEPS = 6
@@ -48,37 +48,44 @@ def test_deferred_steps_give_the_same_values_one_step_late():
     plain, deferred = _trainer(False), _trainer(True)
     assert not deferring(plain) and deferring(deferred)
     got_plain, got_deferred = [], []
-    for batch in _batches():
+    steps = Steps(deferred, got_deferred.append)
+    for i, batch in enumerate(_batches()):
         got_plain.append(train_step(plain, batch))
         _advance(plain)
-        got_deferred.append(train_step(deferred, batch))
+        steps(batch)
         _advance(deferred)
-    got_deferred.append(settle(deferred))
-    assert got_deferred[0] is None  # nothing was in flight before the first step
-    assert [r.step for r in got_plain] == [r.step for r in got_deferred[1:]] == list(range(1, STEPS + 1))
-    assert [dataclasses.astuple(r) for r in got_plain] == [dataclasses.astuple(r) for r in got_deferred[1:]]
+        steps.deliver()
+        assert [r.step for r in got_deferred] == list(range(1, i + 1))  # one step late
+    steps.settle()
+    assert [r.step for r in got_plain] == [r.step for r in got_deferred] == list(range(1, STEPS + 1))
+    assert [dataclasses.astuple(r) for r in got_plain] == [dataclasses.astuple(r) for r in got_deferred]
     for a, b in zip(plain.model.parameters(), deferred.model.parameters(), strict=True):
         assert torch.equal(a, b)
-    assert settle(deferred) is None
+    steps.settle()
+    assert len(got_deferred) == STEPS  # nothing left in flight
 
 
 def test_a_non_finite_step_is_skipped_on_the_device_and_raised_before_the_next_update():
     t = _trainer(True)
     batches = list(_batches())
-    train_step(t, batches[0])
+    got = []
+    steps = Steps(t, got.append)
+    steps(batches[0])
     _advance(t)
     before = [p.detach().clone() for p in t.model.parameters()]
     steps_before = [t.opt.state[p]["step"].clone() for p in t.model.parameters()]
     ids, mask, _ = batches[1]
     bad = torch.full((4, 768), float("nan"))
-    assert train_step(t, (ids, mask, bad)).step == 1  # step 2 is in flight, step 1 read fine
+    steps((ids, mask, bad))
+    steps.deliver()
+    assert [r.step for r in got] == [1]  # step 2 is in flight, step 1 read fine
     _advance(t)
     # found_inf skipped step 2's update: weights and AdamW's step counters unchanged
     assert all(torch.equal(a, b) for a, b in zip(before, t.model.parameters(), strict=True))
     assert all(torch.equal(t.opt.state[p]["step"], s)
                for p, s in zip(t.model.parameters(), steps_before, strict=True))
     with pytest.raises(NonFiniteError, match=r"^step 2: loss is nan .*no update was made"):
-        train_step(t, batches[2])  # read before step 3's update
+        steps(batches[2])  # read before step 3's update
     assert all(torch.equal(a, b) for a, b in zip(before, t.model.parameters(), strict=True))
     assert all(p.grad is None for p in t.model.parameters())  # nothing left for a later step
     assert t.pos.step == 1  # set back to before step 2, which made no update
@@ -96,15 +103,16 @@ def test_a_non_finite_step_in_flight_is_never_exported_as_weights(tmp_path):
     t.run_dir, t.total_steps = tmp_path, 10
     batches = list(_batches())
     stop = StopFlag("flag")
+    steps = Steps(t, lambda res: None)
     try:
-        train_step(t, batches[0])
+        steps(batches[0])
         _advance(t)
-        after_step(t, stop, Clock(0.0))
+        after_step(t, stop, Clock(0.0), steps.settle, logs=False)
         ids, mask, _ = batches[1]
-        train_step(t, (ids, mask, torch.full((4, 768), float("nan"))))
+        steps((ids, mask, torch.full((4, 768), float("nan"))))
         _advance(t)
         with pytest.raises(NonFiniteError, match="^step 2: loss is nan"):
-            after_step(t, stop, Clock(0.0))
+            after_step(t, stop, Clock(0.0), steps.settle, logs=False)
     finally:
         stop.restore()
     assert not (tmp_path / "weights").exists() and t.pos.step == 1
@@ -115,8 +123,12 @@ def test_without_the_fused_optimiser_the_step_checks_first_as_before():
     t.opt = torch.optim.AdamW(t.model.parameters(), lr=t.cfg.lr)  # CPU default: single-tensor
     t.sched = make_scheduler(t.opt, t.cfg, 10)
     assert not deferring(t)
-    batch = next(_batches())
-    assert train_step(t, batch).step == 1 and t.pending is None
+    batch, got = next(_batches()), []
+    steps = Steps(t, got.append)
+    steps(batch)
+    assert got == [] and steps.pending is None
+    steps.deliver()
+    assert [r.step for r in got] == [1]
 
 
 def test_a_deferred_launch_logs_saves_and_ends_like_a_checked_first_one(train_work, monkeypatch):
@@ -125,8 +137,9 @@ def test_a_deferred_launch_logs_saves_and_ends_like_a_checked_first_one(train_wo
     final weights; the deferred launch says it deferred."""
     from aleph.model.io import load_model
     from aleph.train import trainer as trainer_mod
+    from aleph.train.identity import run_dir_for
     from aleph.train.optim import make_optimizer
-    from aleph.train.run import run_dir_for, train
+    from aleph.train.run import train
     from tests.train.conftest import SMOKE_ROWS, tb_scalars
 
     def fused(model, cfg):

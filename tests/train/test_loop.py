@@ -8,11 +8,12 @@ import torch
 
 from aleph.errors import AlephError, NonFiniteError
 from aleph.model import ModelConfig, build_model
+from aleph.record.layout import RunLayout
 from aleph.train import checkpoint as ckpt
 from aleph.train.config import resolve
 from aleph.train.distributed import World
 from aleph.train.optim import lr_factor, make_optimizer
-from aleph.train.prefetch import DataOrder
+from aleph.train.order import DataOrder
 from aleph.train.step import train_step
 from aleph.train.trainer import step_trainer
 from tests.train.conftest import tiny_trainer
@@ -76,8 +77,8 @@ def test_only_complete_checkpoints_count_and_two_are_kept(tmp_path):
     for step in (3, 6, 9):
         pos = ckpt.Position(step, 0, step, step * 4, 1.0)
         ckpt.save(tmp_path, model, opt, sched, pos, [ckpt.rng_state()], "h", keep=2)
-    assert [p.name for p in ckpt.complete_steps(tmp_path)] == ["step-00000006", "step-00000009"]
-    torn = ckpt.step_dir(tmp_path, 12)
+    assert [p.name for p in RunLayout(tmp_path).complete_states()] == ["step-00000006", "step-00000009"]
+    torn = RunLayout(tmp_path).state_dir(12)
     torn.mkdir()
     (torn / "meta.json").write_text("{}")  # a killed save: no COMPLETE marker
     path, meta = ckpt.latest(tmp_path)
@@ -273,7 +274,7 @@ def test_position_advances_across_epochs_and_resumes_on_the_right_rows():
     pos, seen = ckpt.Position(0, 0, 0, 0), {0: [], 1: []}
     for _ in range(8):
         seen[pos.epoch].append(order.indices(pos.epoch, pos.batch_in_epoch, World()))
-        pos = advance(pos, order.steps_per_epoch, 16, 0.0)
+        pos = advance(pos, order, 0.0)
         if pos.step == 4:  # the state a resume after epoch 0 starts from
             assert (pos.epoch, pos.batch_in_epoch, pos.samples_seen) == (1, 0, 64)
     assert (pos.step, pos.epoch, pos.batch_in_epoch, pos.samples_seen) == (8, 2, 0, 128)
@@ -357,7 +358,8 @@ def test_a_training_step_synchronises_with_the_host_once(arm):
     with SyncCounter(s["step"] for s in t.opt.state.values()) as sync:
         res = train_step(t, (ids, mask, good))
     assert sync.calls == ["tolist"]
-    assert all(isinstance(v, float) for v in (res.loss, res.nce, res.mse, res.grad_norm))
+    assert list(res.values) == ["loss", "nce", "mse", "grad_norm"]
+    assert all(isinstance(v, float) for v in res.values.values())
     with SyncCounter() as probe:  # the counter itself sees what it is meant to see
         torch.ones(2).sum().item()
         bool(torch.ones(2).any())
@@ -389,7 +391,7 @@ def test_ranks_agree_on_stop_and_timed_save_every_16_steps_not_every_step():
             t = step_trainer(cfg, tiny_trainer()[1], 32, world)
             for step in range(1, 33):
                 t.pos, t.total_steps = ckpt.Position(step, 0, step, 0), step  # last: no save
-                saved, stopping, _ = after_step(t, stop, Clock(0.0))
+                saved, stopping = after_step(t, stop, Clock(0.0), lambda: None, False)
                 if stopping:
                     agreed.append(step)
         finally:

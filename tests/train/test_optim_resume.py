@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from aleph.record.layout import RunLayout
 from aleph.train import checkpoint as ckpt
 from aleph.train.optim import restore_device_flags
 from tests.train.conftest import tiny_trainer
@@ -48,7 +49,7 @@ def test_a_state_saved_without_it_resumes_with_the_fused_kernel():
 def test_checkpoint_load_keeps_the_groups_make_optimizer_built(tmp_path):
     cfg, model, opt, sched = tiny_trainer()
     ckpt.save(tmp_path, model, opt, sched, ckpt.Position(3, 0, 3, 12), [ckpt.rng_state()], "h", 3)
-    state = ckpt.step_dir(tmp_path, 3)
+    state = RunLayout(tmp_path).state_dir(3)
     trainer = torch.load(state / "trainer.pt", weights_only=True)
     for g in trainer["optimizer"]["param_groups"]:
         g["fused"] = True  # as a CUDA launch would have saved it

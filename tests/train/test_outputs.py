@@ -42,8 +42,9 @@ def test_smoke_run_outputs(train_work):
     (launch,) = manifest["launches"]
     assert launch["exit_status"] == 0 and launch["log"].startswith("launches/")
     assert (run / launch["log"]).is_file()
-    assert len(manifest["source_sha256"]) == 64 and manifest["code_revision"]
-    assert "torch" in manifest["environment"] or "error" in manifest["environment"]
+    assert manifest["format_version"] == 1 and "code_revision" not in manifest
+    assert len(launch["code"]["source_sha256"]) == 64 and launch["code"]["revision"]
+    assert "torch" in launch["environment"] or "error" in launch["environment"]
     store = manifest["target_store"]
     store_manifest = json.loads((__import__("pathlib").Path(store["dir"]) / "manifest.json").read_text())
     assert store["manifest_sha256"] == sha256_json(store_manifest)
@@ -105,39 +106,19 @@ def _now(target: str, token_key: str, token_sha: str = "t" * 64) -> dict:
                             "dir": f"/cache/tokens/{token_key}"}}
 
 
-def test_inputs_check_reads_a_manifest_from_before_per_launch_records(tmp_path):
-    """A manifest with only the top-level target_store (earlier trainer): its target content hash
-    and token store key are what the run trained on; a changed token store is refused naming
-    both keys, and allowed (and returned for the record) with allow_input_change."""
-    from aleph.errors import DataError
+def test_a_manifest_of_another_format_version_is_refused_in_one_line(tmp_path):
+    """A manifest with only the top-level target_store (an earlier trainer's, no
+    format_version) is not read: one line naming the file, and the file is left as it was."""
+    from aleph.errors import StoreError
     from aleph.train.outputs import Manifest
 
-    (tmp_path / "manifest.json").write_text(json.dumps({
+    text = json.dumps({
         "run_id": "r", "arm": "a2_dense", "seed": 0,
         "launches": [{"launch_id": "L1", "status": "stopped"}],
-        "target_store": {"content_sha256": "a" * 64, "token_store": "/old/cache/tokens/k1"}}))
-    m = Manifest(tmp_path, "r", "a2_dense", 0)
-    m.start_launch("L2", "launches/L2.log", 1)
-    assert m.trained_inputs() == {"from": "manifest.json target_store",
-                                  "target_store": {"content_sha256": "a" * 64},
-                                  "token_store": {"key": "k1"}}
-    assert _check(m, False, _now("a" * 64, "k1")) is None
-    with pytest.raises(DataError, match=r"^inputs changed since this run last trained \(manifest"
-                       r"\.json target_store\): token store key k1 \(trained on\) -> k2 \(this "
-                       r"launch, /cache/tokens/k2\); refused: "):
-        _check(m, False, _now("a" * 64, "k2"))
-    lines = []
-    allowed = _check(m, True, _now("b" * 64, "k2"), lines=lines)
-    assert [c["store"] for c in allowed["changes"]] == ["target_store", "token_store"]
-    assert len(lines) == 1 and "ALLOWED by allow_input_change=true" in lines[0]
-    m.record_inputs(_now("b" * 64, "k2"), allowed)
-    on_disk = json.loads((tmp_path / "manifest.json").read_text())
-    record = on_disk["launches"][-1]["input_change_allowed"]
-    assert record["previous"] == "manifest.json target_store"
-    # the next launch compares with this launch's record, by content hash
-    m2 = Manifest(tmp_path, "r", "a2_dense", 0)
-    m2.start_launch("L3", "launches/L3.log", 1)
-    assert m2.trained_inputs()["from"] == "launch L2"
-    assert _check(m2, False, _now("b" * 64, "k2")) is None
-    # a fresh start carries nothing trained over: nothing to compare
-    assert _check(m2, False, _now("c" * 64, "k9"), resumed=False) is None
+        "target_store": {"content_sha256": "a" * 64, "token_store": "/old/cache/tokens/k1"}})
+    (tmp_path / "manifest.json").write_text(text)
+    with pytest.raises(StoreError) as e:
+        Manifest(tmp_path, "r", "a2_dense", 0)
+    assert str(e.value) == (f"{tmp_path / 'manifest.json'}: format_version None, expected 1 "
+                            "(written by another version of aleph-e1; this one reads only its own)")
+    assert (tmp_path / "manifest.json").read_text() == text

@@ -13,7 +13,8 @@ import torch
 
 from aleph.train import checkpoint as ckpt
 from aleph.train.distributed import World
-from aleph.train.prefetch import BatchSource, DataOrder, Prefetcher, next_position
+from aleph.train.order import DataOrder
+from aleph.train.prefetch import BatchSource, Prefetcher
 from aleph.train.step import advance
 
 
@@ -56,7 +57,7 @@ def _run(tokens, order, start: ckpt.Position, total: int) -> tuple[list[list[int
             ids, mask = tokens.gather(order.indices(pos.epoch, pos.batch_in_epoch, World()))
             assert torch.equal(batch[0], ids) and torch.equal(batch[1], mask)
             seen.append(_rows(batch))
-            pos = advance(pos, order.steps_per_epoch, order.global_batch, 0.0)
+            pos = advance(pos, order, 0.0)
         assert pf.ahead is None  # nothing gathered beyond the last step
         assert pf.hits == len(seen) - 1  # every batch but the first came from the worker
     finally:
@@ -79,7 +80,8 @@ def test_prefetched_batches_follow_the_data_order_across_epochs_and_a_restart(to
 
 
 def test_next_position_wraps_at_the_epoch_end_and_a_gather_error_reaches_the_caller(tokens):
-    assert next_position(0, 3, 5) == (0, 4) and next_position(0, 4, 5) == (1, 0)
+    order = DataOrder(0, 40, 8)  # 5 steps per epoch
+    assert order.after(0, 3) == (0, 4) and order.after(0, 4) == (1, 0)
 
     class Broken(Targets):
         def gather(self, idx, pin=False):
@@ -108,7 +110,7 @@ from aleph.data.tokens import open_token_store
 from aleph.errors import StoreError
 from aleph.targets import open_store
 from aleph.train.distributed import World
-from aleph.train.prefetch import DataOrder
+from aleph.train.order import DataOrder
 from aleph.train.prefetch import BatchSource, Prefetcher
 
 
@@ -198,7 +200,8 @@ def test_a_failed_store_prefault_is_logged_and_training_goes_on(train_work, monk
     target sources raises), the launch logs why and trains; the gathers read the store."""
     from aleph.train import prefetch as pf
     from aleph.train.config import resolve
-    from aleph.train.run import run_dir_for, train
+    from aleph.train.identity import run_dir_for
+    from aleph.train.run import train
     from tests.train.conftest import SMOKE_ROWS
 
     def unreadable(store, sources, headroom):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from aleph.record.layout import RunLayout
 from aleph.train import checkpoint as ckpt
 
 
@@ -27,16 +28,6 @@ def test_cpu_state_holds_no_cuda_generator_and_restores_every_stream():
     assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
 
 
-def test_saved_cuda_state_reads_both_formats_and_finds_none_in_a_cpu_state():
-    own, other = torch.arange(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)
-    assert ckpt.saved_cuda_state({"cuda": own, "cuda_device": 1}, 1) is own
-    # earlier trainers saved every visible GPU; rank r's own device was entry r
-    assert ckpt.saved_cuda_state({"cuda": [other, own]}, 1) is own
-    # fewer GPUs were visible when it was saved: nothing for this device, re-derive
-    assert ckpt.saved_cuda_state({"cuda": [own]}, 3) is None
-    assert ckpt.saved_cuda_state({"python": None}, 0) is None  # saved on CPU
-
-
 def test_derived_streams_differ_per_rank_and_step():
     seeds = {ckpt.stream_seed(7, r, 40) for r in range(8)}
     assert len(seeds) == 8  # eight ranks, eight dropout streams
@@ -44,8 +35,10 @@ def test_derived_streams_differ_per_rank_and_step():
     assert all(0 <= s < 2**32 for s in seeds)
 
 
-def test_a_state_saved_by_an_older_trainer_still_loads(tmp_path):
-    """trainer.pt written with get_rng_state_all's list format stays readable."""
+def test_a_cuda_state_in_list_form_is_refused_in_one_line(tmp_path):
+    """A trainer.pt whose CUDA RNG state is get_rng_state_all's list (every visible device,
+    an earlier trainer's format) is not read: one line naming the file and the field."""
+    from aleph.errors import StoreError
     from aleph.model import ModelConfig, build_model
     from aleph.train.config import resolve
     from aleph.train.optim import make_optimizer, make_scheduler
@@ -55,11 +48,14 @@ def test_a_state_saved_by_an_older_trainer_still_loads(tmp_path):
                                     n_layers=1, n_heads=2, ffn_dense=32))
     opt = make_optimizer(model, cfg)
     sched = make_scheduler(opt, cfg, 10)
-    legacy = dict(ckpt.rng_state(), cuda=[torch.zeros(16, dtype=torch.uint8)])
-    ckpt.save(tmp_path, model, opt, sched, ckpt.Position(2, 0, 2, 8), [legacy], "h", keep=2)
-    _, rngs, _ = ckpt.load(ckpt.step_dir(tmp_path, 2), model, opt, sched)
-    assert ckpt.set_rng_state(rngs[0], torch.device("cpu")) == ""
-    assert ckpt.saved_cuda_state(rngs[0], 0) is not None and ckpt.saved_cuda_state(rngs[0], 1) is None
+    listed = dict(ckpt.rng_state(), cuda=[torch.zeros(16, dtype=torch.uint8)])
+    ckpt.save(tmp_path, model, opt, sched, ckpt.Position(2, 0, 2, 8), [listed], "h", keep=2)
+    state = RunLayout(tmp_path).state_dir(2)
+    with pytest.raises(StoreError) as e:
+        ckpt.load(state, model, opt, sched)
+    assert str(e.value).startswith(f"{state / 'trainer.pt'}: refused as a resume state: "
+                                   "rng[0].cuda: expected one ByteTensor (the rank's own device)")
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.gpu

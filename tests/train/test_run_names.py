@@ -73,30 +73,3 @@ def test_a_run_is_found_by_directory_or_by_name(work, tmp_path, given):
     assert resolve_run(given) == run_dir and require_run_dir(str(run_dir)) == run_dir
     with pytest.raises(DataError, match="nosuch: not a run directory .*`aleph runs list`"):
         require_run_dir("nosuch")
-
-
-def test_runs_of_the_older_layout_are_named_with_the_move_that_continues_them(tmp_path, monkeypatch):
-    """Before runs/<preset>/, a smoke run lived at runs/<arm>-s<seed>: an e1 launch there
-    says it holds a smoke run and how to move it (not a list of field mismatches), and a
-    smoke launch points at it instead of silently starting over beside it."""
-    import json
-
-    from aleph.errors import ConfigError
-    from aleph.train.config import resolve, to_dict
-    from aleph.train.identity import run_dir_for
-    from aleph.train.legacy import check_not_moved, older_layout
-
-    monkeypatch.setenv("ALEPH_WORK", str(tmp_path))
-    smoke = resolve("smoke", arm="a2_dense")
-    e1 = resolve("e1", arm="a2_dense", overrides=["captions=c.txt", "targets=t/"])
-    old = tmp_path / "runs" / "a2_dense-s0"
-    old.mkdir(parents=True)
-    (old / "config.json").write_text(json.dumps(to_dict(smoke)))
-    assert older_layout(smoke, run_dir_for(smoke)) == old
-    assert older_layout(smoke, run_dir_for(smoke, "other")) is None  # a --name: no guess
-    with pytest.raises(ConfigError, match=r"holds a smoke-preset run, not an e1 one .*`mv .*"
-                       r"runs/a2_dense-s0 .*runs/smoke/a2_dense-s0`"):
-        check_not_moved(run_dir_for(e1), to_dict(smoke), e1)
-    check_not_moved(run_dir_for(e1), to_dict(e1), e1)  # its own preset: nothing to say
-    (old / "config.json").write_text(json.dumps(to_dict(e1)))
-    assert older_layout(smoke, run_dir_for(smoke)) is None  # an e1 run there is no smoke run

@@ -1,8 +1,8 @@
 """A resume state is data, never code: trainer.pt loads through torch's weights-only
 unpickler, so a pulled run whose newest state holds a pickled callable (with its COMPLETE
 marker rewritten to match, as whoever writes a shared destination can) is refused in one
-line and the payload never runs; states of the earlier format (a numpy array in the RNG
-state) still load through an allow-list of exactly numpy's reconstructors."""
+line and the payload never runs; a state of the earlier format (a numpy array in the RNG
+state) is refused in one line too: no global beyond torch's own is ever allowed."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 
 from aleph._io import sha256_file
 from aleph.errors import StoreError
+from aleph.record.layout import RunLayout
 from aleph.train import checkpoint as ckpt
 from tests.train.conftest import completed_run, run_train, smoke_dir, tiny_trainer, train_cmd
 
@@ -46,21 +47,20 @@ def _plant(state, marker):
     trainer["rng"][0]["evil"] = _Payload(marker)
     torch.save(trainer, state / "trainer.pt")
     _rewrite_marker(state)
-    assert ckpt.verify_state(state).problem is None  # every checksum passes
+    assert ckpt.verify_state(state) is None  # every checksum passes
 
 
 def _save(run_dir, step=3):
     model, opt, sched = tiny_trainer()[1:]
     ckpt.save(run_dir, model, opt, sched, ckpt.Position(step, 0, step, step * 4, 1.0),
               [ckpt.rng_state()], "h", keep=3)
-    return ckpt.step_dir(run_dir, step), (model, opt, sched)
+    return RunLayout(run_dir).state_dir(step), (model, opt, sched)
 
 
 def test_a_state_of_this_trainer_loads_weights_only(tmp_path):
     state, _ = _save(tmp_path)
     torch.load(state / "trainer.pt", weights_only=True)  # no global beyond torch's own
-    loaded, legacy = ckpt.load_trainer_state(state)
-    assert not legacy
+    ckpt.load_trainer_state(state)
     # round trip: the restored numpy stream continues exactly where the saved one stood
     np.random.seed(5)
     random.seed(5)
@@ -83,24 +83,19 @@ def test_a_pickled_callable_is_refused_in_one_line_and_never_runs(tmp_path):
     assert not marker.exists()
 
 
-def test_a_state_of_the_earlier_format_loads_through_the_numpy_allow_list(tmp_path):
+def test_a_state_of_the_earlier_format_is_refused_in_one_line(tmp_path):
     state, (model, opt, sched) = _save(tmp_path)
     trainer = torch.load(state / "trainer.pt", weights_only=True)
-    np.random.seed(11)
     trainer["rng"][0]["numpy"] = np.random.get_state()  # how earlier trainers saved it
-    want = np.random.rand(4)
     torch.save(trainer, state / "trainer.pt")
     _rewrite_marker(state)
     with pytest.raises(pickle.UnpicklingError):  # it really needs the numpy globals
         torch.load(state / "trainer.pt", weights_only=True)
-    lines = []
-    pos, rngs, _ = ckpt.load(state, model, opt, sched, lines.append)
-    assert pos.step == 3 and "earlier format" in lines[0]
-    ckpt.set_rng_state(rngs[0])
-    assert (np.random.rand(4) == want).all()
-    # the allow-list was for that one load: a numpy array is refused again afterwards
-    with pytest.raises(pickle.UnpicklingError):
-        torch.load(state / "trainer.pt", weights_only=True)
+    with pytest.raises(StoreError) as err:
+        ckpt.load(state, model, opt, sched)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{state}/trainer.pt: refused as a resume state: "
+                                              "Unsupported global: GLOBAL numpy"), msg
 
 
 def test_an_earlier_format_state_with_a_payload_is_refused_too(tmp_path):
@@ -138,7 +133,7 @@ def test_a_planted_state_does_not_run_through_aleph_train(tmp_path_factory, smok
     work = run.parents[2]
     if not finished:
         shutil.rmtree(run / "weights" / "final")
-    [*_, newest] = ckpt.complete_steps(run)
+    [*_, newest] = RunLayout(run).complete_states()
     marker = work.parent / "PWNED"
     _plant(newest, marker)
     proc = run_train(work, train_cmd("a2_dense", 3, "ckpt_every_steps=8"))
@@ -175,7 +170,7 @@ def test_a_relaunch_removes_only_what_the_trainer_writes(tmp_path):
                      "notes.txt, step-00000004.old, step-00000009, step-00000128.bak"]
     # a link never counts as a state, so pruning never deletes through it
     (victim / "COMPLETE").write_text("{}")
-    assert [p.name for p in ckpt.complete_steps(tmp_path)] == ["step-00000003"]
+    assert [p.name for p in RunLayout(tmp_path).complete_states()] == ["step-00000003"]
     assert ckpt.prune(tmp_path, 0) == ["step-00000003"]
     assert (victim / "keep.txt").is_file()
 
