@@ -35,7 +35,6 @@ WRITE_MODE = set("wax+")
 EXEMPT = "# nofollow-ok:"
 
 PENDING = {
-    ("aleph/train/identity.py", "open(self.path, 'a', encoding='utf-8', buffering=1)"),
 }
 
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from aleph._io import RUNS_DIR, work_root
+from aleph._io import RUNS_DIR, open_write_nofollow, work_root
 from aleph.errors import ConfigError, DataError, RunLocked
 from aleph.record.layout import RunLayout
 
@@ -163,7 +163,9 @@ class LaunchLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tag = tag
         self._echo = echo
-        self._f = open(self.path, "a", encoding="utf-8", buffering=1)  # closed in close()
+        # appended, never through a planted link or into a FIFO; closed in close()
+        self._f = os.fdopen(open_write_nofollow(self.path, append=True), "a", encoding="utf-8",
+                            buffering=1)
         self._lock = threading.Lock()  # the sync worker (aleph.sync) logs from its thread
 
     def __call__(self, message: str) -> None:

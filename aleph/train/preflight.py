@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from aleph._io import atomic_write_json, read_json, sha256_json, work_root
+from aleph._io import atomic_write_json, file_kind, read_json, sha256_json, work_root
 from aleph.errors import ConfigError, DataError, QuotaError, StoreError
 from aleph.train.config import TrainConfig
 from aleph.train.distributed import World
@@ -306,6 +306,9 @@ def expand_targets(paths: tuple[str, ...]) -> list[str]:
                 raise ConfigError(f"config field 'targets': {e}") from None
         elif p.is_file():
             out.append(str(p))
+        elif p.exists():  # a FIFO, a socket, a device: never opened
+            raise ConfigError(f"config field 'targets': {p} is {file_kind(p.stat().st_mode)}; "
+                              "expected a chunk file (a regular file) or a directory of chunk files")
         else:
             raise ConfigError(f"config field 'targets': {p} does not exist")
     return out

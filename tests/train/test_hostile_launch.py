@@ -155,3 +155,17 @@ def test_a_tokenizer_file_that_is_not_regular_is_refused(smoke_data_dir, tmp_pat
         (tok / "tokenizer.json").symlink_to("/dev/zero")
     with pytest.raises(DataError, match="tokenizer.json is a (FIFO|character device); expected regular"):
         load_tokenizer(tok)
+
+
+def test_targets_naming_a_fifo_is_named_as_one(tmp_path):
+    """Issue 32: a FIFO given as targets= was 'does not exist'; it is named for what it is,
+    and never opened (an open would block)."""
+    import os
+
+    from aleph.errors import ConfigError
+    from aleph.train.preflight import expand_targets
+
+    fifo = tmp_path / "targets.npy"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"targets.npy is a FIFO; expected a chunk file"):
+        expand_targets([str(fifo)])
