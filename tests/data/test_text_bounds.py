@@ -84,7 +84,9 @@ def test_data_tokens_refuses_a_2gib_line_in_bounded_memory(huge, smoke, tmp_path
     print(line, f"(peak RSS {peak / 2**20:,.0f} MiB, {wall:.1f} s)")
     assert f"captions.txt.gz:1: line longer than {MAX_LINE_BYTES:,} bytes" in line
     # the interpreter, torch and the tokenizer, plus one bounded line: far below the 2 GiB line
-    assert peak < 1 << 30
+    # (616 MiB alone; 1,097 MiB once inside the whole suite on a loaded 2-core machine; the
+    # unbounded reader was killed by a 1.5 GiB watchdog on its way past 2 GiB)
+    assert peak < 1.4 * (1 << 30)
     assert not (tmp_path / "work" / "cache" / "tokens").exists()
 
 
