@@ -30,7 +30,8 @@ def train_command(preset: str, config: str | None, overrides: list[str], arm: st
 
         if name is not None:
             check_run_name(name)  # before any work, like a bad config field
-        cfg = resolve(preset, config, overrides, arm=arm, seed=seed)
+        recorded = None if config or overrides else _recorded(preset, arm, seed, name)
+        cfg = resolve(preset, config, overrides, arm=arm, seed=seed, **(recorded or {}))
         if print_config:
             print(json.dumps(to_dict(cfg), indent=2, sort_keys=True))
             return 0
@@ -43,3 +44,29 @@ def train_command(preset: str, config: str | None, overrides: list[str], arm: st
     finally:
         tracer.close_window()
 
+
+
+def _recorded(preset: str, arm: str, seed: int | None, name: str | None) -> dict | None:
+    """The config.json fields of the run this command names, when the command sets no field
+    (no --set, no --config): a relaunch with only --arm/--seed/--preset resumes the run as
+    it was made, overrides included, instead of failing on the preset's empty captions or
+    refusing a changed config. Secret fields are never recorded: they come from the
+    environment as on the first launch. None when the run has no config.json yet."""
+    from aleph._io import RUNS_DIR, read_json, work_root
+    from aleph.record.layout import RunLayout, check_version
+    from aleph.train.config import PRESETS, SECRET_FIELDS
+    from aleph.train.identity import run_name
+
+    if preset not in PRESETS:
+        return None  # resolve() names the bad preset
+    chosen = name or run_name(preset, arm, seed if seed is not None else PRESETS[preset].get("seed", 0))
+    path = RunLayout(work_root() / RUNS_DIR / chosen).config
+    if not path.is_file():
+        return None
+    saved = check_version(path, read_json(path))  # our own work root, written atomically
+    if saved.get("preset") != preset or saved.get("arm") != arm:
+        return None  # another run's config under this name: the launch refuses it as today
+    print(f"aleph train: no field given: run {chosen} continues with its recorded config "
+          f"({path})", flush=True)
+    return {k: v for k, v in saved.items()
+            if k not in SECRET_FIELDS and k not in ("format_version", "arm", "seed", "preset")}

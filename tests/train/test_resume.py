@@ -128,3 +128,24 @@ def test_config_may_change_until_something_was_trained(train_work):
     assert good.returncode == 0, good.stderr
     assert "config replaced (no resume state yet, nothing trained)" in good.stdout
     assert json.loads((run_dir / "config.json").read_text())["batch_size"] == 32
+
+
+def test_a_relaunch_with_only_arm_seed_preset_resumes_with_the_recorded_config(train_work):
+    """Issue 35: a run made with overrides, relaunched with no field given, continues as it was
+    made (not a refusal of the preset's values), its config.json untouched."""
+    import sys
+
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s5"
+    proc = start_train(train_work, train_cmd("a2_dense", 5, "max_steps=6", "lr=0.001"),
+                       ALEPH_TRAIN_PAUSE_AFTER_STEP="2")
+    wait_for_log(run_dir, "paused after step 2", proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == EXIT_STOPPED
+    before = (run_dir / "config.json").read_bytes()
+    bare = [sys.executable, "-m", "aleph", "train", "--arm", "a2_dense", "--seed", "5",
+            "--preset", "smoke"]
+    again = run_train(train_work, bare)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr
+    assert "no field given: run smoke/a2_dense-s5 continues with its recorded config" in again.stdout
+    assert "resume: step 2" in again.stdout and "complete (step 6 of 6)" in again.stdout
+    assert (run_dir / "config.json").read_bytes() == before
