@@ -48,7 +48,8 @@ def config_differences(config: dict) -> tuple[list[str], list[str]]:
     """(score-moving, rounding-only) differences of `config` from the e1 preset: model shape
     first, then each overridden field as 'field=value (e1: value)', then the fields the
     config does not record at all (a hand-made or foreign config.json)."""
-    ref, cfg = e1_preset(), config
+    ref = e1_preset()
+    cfg = {k: v for k, v in config.items() if k != "format_version"}  # the file's, not a field
     moves, other = [], []
     absent = sorted(k for k in ref if k not in cfg and k not in OPERATIONAL and k not in ("arm", "seed"))
     if any(k not in cfg for k in SHAPE):

@@ -10,6 +10,7 @@ from aleph._io import atomic_write_json
 from aleph.cli import main
 from aleph.data import bundle, sts_pairs
 from aleph.eval.tasks import E1_PAIRS, E1_TASKS, HF_TASKS
+from aleph.record.layout import FORMAT_VERSION
 from aleph.report import comparability, plot, table
 
 NOT_P = "not comparable to P"
@@ -21,10 +22,10 @@ def e1_shaped_run(root, arm="a1_anchored", seed=0, capability=0.6031):
     """A run directory as an e1 run on E1's inputs leaves it (its eval.json as `aleph eval`
     writes it from the offline bundle's pinned tasks); the figures are chosen."""
     run = root / f"{arm}-s{seed}"
-    cfg = {**comparability.e1_preset(), "arm": arm, "seed": seed,
+    cfg = {**comparability.e1_preset(), "arm": arm, "seed": seed, "format_version": FORMAT_VERSION,
            "captions": "/data/e1/captions.parquet", "targets": ["/data/e1/targets"]}
     atomic_write_json(run / "config.json", cfg)
-    atomic_write_json(run / "manifest.json", {"run_id": run.name, "launches": [
+    atomic_write_json(run / "manifest.json", {"format_version": FORMAT_VERSION, "run_id": run.name, "launches": [
         {"launch_id": "L0", "status": "complete", "inputs": {"target_store": {"rows": E1_ROWS}}}]})
     tasks = {n: {"spearman": capability, "pairs": E1_PAIRS[n], "expected_pairs": E1_PAIRS[n],
                  "source": f"bundle:{HF_TASKS[n][0]}@{HF_TASKS[n][1][:12]}:test", "e1_task": True,
@@ -51,7 +52,7 @@ def small_run_on_stand_in_tasks(tmp_path, capsys):
     tok = load_tokenizer(run / "tokenizer")
     model = build_model(ModelConfig(arm="a2_dense", vocab_size=len(tok), init="normal_0.02", **shape))  # no QR: fast
     save_weights(model, run / "weights" / "final")
-    cfg = {**comparability.e1_preset(), **shape, "arm": "a2_dense", "seed": 1,
+    cfg = {**comparability.e1_preset(), **shape, "arm": "a2_dense", "seed": 1, "format_version": FORMAT_VERSION,
            "captions": str(smoke_root() / "captions.txt"), "targets": [str(smoke_root() / "targets")],
            "tokenizer": str(smoke_root() / "tokenizer")}
     atomic_write_json(run / "config.json", cfg)

@@ -12,6 +12,7 @@ from fixtures.runs import environment, make_run
 from aleph._io import atomic_write_json, read_json
 from aleph.cli import main
 from aleph.errors import EXIT_STOPPED, AlephError
+from aleph.record.layout import FORMAT_VERSION
 from aleph.report.diff import diff_runs
 from aleph.report.diff_text import format_diff
 
@@ -367,6 +368,7 @@ def test_runs_diff_says_how_each_run_differs_from_the_e1_preset(tmp_path):
 
     a = make_run(tmp_path / "x", "a1_anchored", steps=0, train_scalars=False)
     atomic_write_json(a / "config.json", {**e1_preset(), "arm": "a1_anchored", "seed": 0,
+                                          "format_version": FORMAT_VERSION,
                                           "captions": "/d/c.parquet", "targets": ["/d/t"]})
     edit(a, "manifest.json", lambda m: m["target_store"].update(rows=31_905_616))
     b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False)
