@@ -12,6 +12,7 @@ a renamed flag or subcommand fails at once. `./aleph-dev test` itself is run by 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from pathlib import Path
@@ -20,6 +21,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+if not README.is_file() and os.environ.get("ALEPH_IN_IMAGE") == "1":  # like test_glossary
+    pytest.skip("README.md, .ci/run and aleph-dev are not baked into the image",
+                allow_module_level=True)
 MAX_LINES = 220  # issue 35: the README starts with the first hour and fits in about 200 lines
 
 CI = ".ci/run"
