@@ -168,8 +168,8 @@ def _load(path: str, config: dict, device: torch.device):
     kind = config.get("model_type")
     extra = {"reference_compile": False} if kind == "modernbert" else {}  # eager, reproducible
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = AutoModel.from_pretrained(path, torch_dtype=dtype, use_safetensors=True,
-                                      trust_remote_code=False, local_files_only=True, **extra)
+    model = AutoModel.from_pretrained(path, trust_remote_code=False, local_files_only=True,
+                                      torch_dtype=dtype, use_safetensors=True, **extra)
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     return tok, model.to(device).eval()
 
