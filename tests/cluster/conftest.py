@@ -2,7 +2,7 @@
 
 `slurm_cluster` (session) brings up tests/cluster/slurm_harness.py's Cluster (its module
 docstring lists the API) and tears it down at the end whatever happens, checking that no
-namespace, link or process of it is left. `slurm` (function) hands the same cluster to a
+namespace, link, iptables rule or process of it is left. `slurm` (function) hands the same cluster to a
 test and cancels that test's leftover jobs afterwards. When slurm-wlm or munge is missing
 and we are root with apt-get, Debian's packages are installed (timed); otherwise the tests
 skip with the reason, except under CI (ALEPH_CLUSTER_REQUIRED=1 or CI=true), where a
@@ -77,6 +77,9 @@ def _leftovers(c: Cluster) -> list[str]:
             if ns.startswith(f"aleph-slurm-{token}-")]
     left += [link["ifname"] for link in json.loads(sh(["ip", "-j", "link"]).stdout or "[]")
              if link["ifname"].startswith((f"alsb{token}", f"als{token}h"))]
+    rules = sh(["iptables", "-w", "10", "-S", "FORWARD"], check=False).stdout \
+        if shutil.which("iptables") else ""
+    left += [r for r in rules.splitlines() if f"alsb{token}" in r]
     left += [f"pid {p.pid}" for p in c.procs if p.poll() is None]
     if c.dir.exists():
         left.append(str(c.dir))

@@ -233,8 +233,9 @@ class Cluster:
                 return
             time.sleep(0.2)
         reasons = self.run(["sinfo", "-R"], check=False, timeout=20).stdout.strip()
+        nodes = "".join(f"\n-- slurmd-{n}:\n{self.log_tail(f'slurmd-{n}', 8)}" for n in NODES)
         raise RuntimeError(f"nodes not idle after {timeout:.0f} s: {last}\n{reasons}\n"
-                           f"{self.log_tail('slurmctld')}")
+                           f"-- slurmctld:\n{self.log_tail('slurmctld', 12)}{nodes}")
 
     def close(self) -> list[str]:
         """Stop everything this cluster started and remove its files; returns problems."""

@@ -2,8 +2,12 @@
 
 Nothing here is routed: the bridge gets an address of a private /24 that no address or
 route of this machine overlaps, each namespace gets one veth end on it, its loopback and
-no default route, and no NAT or forwarding rule is written. `Net.close` removes every
-namespace, veth and the bridge it made, and kills the processes left in its namespaces.
+no default route, and no NAT rule is written. Where the kernel passes bridged frames
+through iptables (br_netfilter loaded, as a Docker engine does, whose FORWARD policy is
+DROP), one rule accepts frames from the bridge to the same bridge and nothing else: without
+it every packet between the namespaces was dropped and no slurmd reached slurmctld.
+`Net.close` removes every namespace, veth, the bridge and the rule it made, and kills the
+processes left in its namespaces.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 # 10.213.X.0/24: inside RFC 1918 but away from the ranges Docker (172.17+/16), libvirt
 # (192.168.122) and common Kubernetes CNIs (10.42, 10.244, 10.233) pick by default.
 PREFIX = "10.213"
+BRIDGE_NF = "/proc/sys/net/bridge/bridge-nf-call-iptables"
 
 
 def sh(args: list[str], *, timeout: float = 60, check: bool = True,
@@ -94,6 +99,7 @@ class Net:
     bridge: str = ""
     namespaces: list[str] = field(default_factory=list)
     host_links: list[str] = field(default_factory=list)
+    forward_rule: list[str] = field(default_factory=list)
 
     @property
     def host_address(self) -> str:
@@ -122,6 +128,19 @@ class Net:
         else:
             raise RuntimeError(f"no {PREFIX}.X.0/24 stayed ours for bridge {name}")
         sh(["ip", "link", "set", name, "up"])
+        self._accept_within_bridge()
+
+    def _accept_within_bridge(self) -> None:
+        """Let bridged frames between our namespaces past an iptables FORWARD policy."""
+        try:
+            with open(BRIDGE_NF) as f:
+                if f.read().strip() != "1":
+                    return
+        except FileNotFoundError:  # br_netfilter not loaded: frames never meet iptables
+            return
+        rule = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
+        sh(["iptables", "-w", "10", "-I", *rule])
+        self.forward_rule = rule
 
     def add_namespace(self, role: str, index: int) -> str:
         """Namespace aleph-slurm-TOKEN-ROLE with a veth on the bridge at address(index)."""
@@ -164,5 +183,11 @@ class Net:
                 if p.returncode != 0:
                     problems.append(f"ip link del {link}: {p.stderr.strip()}")
         self.host_links.clear()
+        if self.forward_rule:
+            p = sh(["iptables", "-w", "10", "-D", *self.forward_rule], check=False)
+            if p.returncode != 0:
+                problems.append(f"iptables -D {' '.join(self.forward_rule)}: "
+                                f"{p.stderr.strip()}")
+            self.forward_rule = []
         self.bridge = ""
         return problems
