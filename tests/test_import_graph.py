@@ -22,7 +22,7 @@ FLOORS = {
     "sync": 4,
     "model": 3, "targets": 3, "data": 3, "record": 3,
     "env": 2,
-    "_io": 1, "_hub": 1, "_signals": 1, "_fields": 1, "errors": 0, "__init__": 0,
+    "_io": 1, "_faults": 1, "_hub": 1, "_signals": 1, "_fields": 1, "errors": 0, "__init__": 0,
 }
 
 

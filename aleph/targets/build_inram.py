@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from aleph._faults import fault_point
 from aleph.targets.finalize import finalize, layout, make_manifest
 from aleph.targets.format import DTYPES, PARTIAL_FILE, PROGRESS_FILE, TORCH_RAW
 from aleph.targets.sources import ChunkInfo, open_chunk
-from aleph.targets.writer import fault_point, preallocate, report_nonfinite, write_chunk
+from aleph.targets.writer import preallocate, report_nonfinite, write_chunk
 
 
 def _load(info: ChunkInfo) -> torch.Tensor:

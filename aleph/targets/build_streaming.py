@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from aleph._faults import fault_point
 from aleph._io import atomic_write_json, fsync_dir, open_write_nofollow, read_json
 from aleph.errors import StoreError
 from aleph.targets.finalize import finalize, layout, make_manifest
 from aleph.targets.format import DATA_FILE, DTYPES, MANIFEST_FILE, PARTIAL_FILE, PROGRESS_FILE
 from aleph.targets.sources import ChunkInfo, open_chunk
-from aleph.targets.writer import fault_point, hash_range, preallocate, report_nonfinite, write_chunk
+from aleph.targets.writer import hash_range, preallocate, report_nonfinite, write_chunk
 
 
 def _recover_renamed(store_dir: Path) -> None:

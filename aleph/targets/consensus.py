@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from aleph._faults import fault_point
 from aleph._io import (
     atomic_write_bytes,
     atomic_write_json,
@@ -54,7 +55,6 @@ from aleph.targets.chunkio import BLOCK_ROWS, ChunkWriter, float_blocks, regular
 from aleph.targets.extract_plan import require_extracted
 from aleph.targets.procrustes import GpaFit, GramAccumulator, fit_gpa, fit_memory
 from aleph.targets.sources import ChunkInfo, describe_sources
-from aleph.targets.writer import fault_point
 
 DEFAULT_FIT_ROWS = 500_000  # the lineage's n_samples / training_samples
 RESULT_FILE = "consensus.json"

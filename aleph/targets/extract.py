@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from aleph._faults import fault_point
 from aleph._io import atomic_write_json, short_repr
 from aleph._signals import StopFlag, StopRequested, ignore_stops
 from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, StoreError
@@ -65,7 +66,6 @@ from aleph.targets.teachers import (
     gpu_hours,
     parse_teachers,
 )
-from aleph.targets.writer import fault_point
 
 POOLING = "attention-masked mean of the last hidden state, fp32, then L2-normalised"
 NOT_TEACHER_ENV = ("the teacher models do not load in this environment ({why}); extraction "

@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from aleph._faults import fault_point
 from aleph._io import atomic_write_json, fsync_dir
 from aleph.targets.format import (
     DATA_FILE,
@@ -23,7 +24,6 @@ from aleph.targets.format import (
     PROGRESS_FILE,
 )
 from aleph.targets.sources import ChunkInfo
-from aleph.targets.writer import fault_point
 
 
 def layout(infos: list[ChunkInfo]) -> list[dict]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,21 +33,6 @@ class ChunkResult:
     sha256: str
     nonfinite_count: int = 0
     nonfinite_rows: list[int] = field(default_factory=list)  # first few, chunk-relative
-
-
-def fault_point(name: str, index: int = 0) -> None:
-    """Fault-injection hook for the crash tests (inert unless ALEPH_TARGETS_FAULT is set).
-
-    With ALEPH_TARGETS_FAULT="<name>:<index>", reaching that point touches the file
-    named by ALEPH_TARGETS_FAULT_FILE and sleeps, so a test can SIGKILL the builder at
-    a known state.
-    """
-    if os.environ.get("ALEPH_TARGETS_FAULT") != f"{name}:{index}":
-        return
-    with open(os.environ["ALEPH_TARGETS_FAULT_FILE"], "w") as f:  # nofollow-ok: a test hook's own marker
-        f.write(str(os.getpid()))
-    while True:
-        time.sleep(60)
 
 
 def disk_error(path: str, e: OSError, what: str, needed: int | None = None) -> StoreError:

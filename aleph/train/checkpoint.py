@@ -36,7 +36,6 @@ import json
 import os
 import random
 import shutil
-import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +45,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from aleph._faults import fault_point
 from aleph._io import (
     DISK_FULL_ERRNOS,
     check_free_space,
@@ -62,8 +62,6 @@ from aleph.train.optim import device_flags, restore_device_flags
 from aleph.train.trainer_state import load_trainer_state
 
 FILES = layout.STATE_FILES
-FAULT_ENV = "ALEPH_TRAIN_FAULT"
-FAULT_POINTS = ("before-complete", "after-complete")
 
 
 @dataclass(frozen=True)
@@ -141,12 +139,6 @@ def latest(run_dir: Path) -> tuple[Path, dict] | None:
         return None
     path = done[-1]
     return path, read_json(path / "meta.json")
-
-
-def fault_point(name: str, step: int) -> None:
-    """Test hook: with ALEPH_TRAIN_FAULT=<name>:<step> the process SIGKILLs itself here."""
-    if os.environ.get(FAULT_ENV) == f"{name}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _write_file(path: Path, data) -> dict:

@@ -44,7 +44,7 @@ def campaign_work(work, smoke_data_dir) -> Path:
 def child_env(work: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ, ALEPH_WORK=str(work), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     for hook in ("ALEPH_TRAIN_PAUSE_AFTER_STEP", "ALEPH_TRAIN_PAUSE_IN_PREFLIGHT",
-                 "ALEPH_TRAIN_FAULT"):
+                 "ALEPH_FAULT"):
         env.pop(hook, None)
     env.update(extra)
     return env

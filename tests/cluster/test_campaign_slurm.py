@@ -63,7 +63,7 @@ def _env(slurm, work: Path, **extra: str) -> dict[str, str]:
     env = {**slurm.env, "ALEPH_WORK": str(work), "PYTHONPATH": str(REPO),
            "OMP_NUM_THREADS": "1"}
     for hook in ("ALEPH_TRAIN_PAUSE_AFTER_STEP", "ALEPH_TRAIN_PAUSE_IN_PREFLIGHT",
-                 "ALEPH_TRAIN_FAULT"):
+                 "ALEPH_FAULT"):
         env.pop(hook, None)
     return {**env, **extra}
 
@@ -122,7 +122,7 @@ class _References:
     def __init__(self, base: Path, smoke: Path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         for hook in ("ALEPH_TRAIN_PAUSE_AFTER_STEP", "ALEPH_TRAIN_PAUSE_IN_PREFLIGHT",
-                     "ALEPH_TRAIN_FAULT"):
+                     "ALEPH_FAULT"):
             env.pop(hook, None)
         train = ["-m", "aleph", "train", "--arm", "a2_dense", "--seed", "0", "--preset", "smoke",
                  *RUN]

@@ -54,7 +54,7 @@ def test_an_extraction_array_of_three_shards_and_the_consensus_equal_one_run(slu
     work.mkdir()
     env = {**slurm.env, "ALEPH_WORK": str(work), "PYTHONPATH": str(REPO),
            "OMP_NUM_THREADS": "1"}
-    env.pop("ALEPH_TARGETS_FAULT", None)
+    env.pop("ALEPH_FAULT", None)
     r = random.Random(2)
     words = "a dog cat runs on the green grass near big red house with a child at night".split()
     caps = work / "caps.txt"

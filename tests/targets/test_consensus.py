@@ -159,8 +159,8 @@ def test_killed_in_the_middle_of_a_chunk_it_resumes_without_redoing_finished_one
     out, marker = tmp_path / "out", tmp_path / "marker"
     proc = run_cli(["targets", "consensus", "--teachers", *dirs, "--out", str(out),
                     "--fit-rows", "1000"],
-                   {"ALEPH_TARGETS_FAULT": "consensus-block:1",
-                    "ALEPH_TARGETS_FAULT_FILE": str(marker)})
+                   {"ALEPH_FAULT": "consensus-block:1",
+                    "ALEPH_FAULT_FILE": str(marker)})
     wait_for(marker, proc)  # chunk 0 published, chunk 1 half written
     proc.send_signal(signal.SIGKILL)
     proc.communicate()

@@ -1,7 +1,7 @@
 """Crash safety, the build lock, and disk full: real subprocess builds, really killed.
 
-The builder is stopped at a named fault point (ALEPH_TARGETS_FAULT, see
-aleph.targets.writer.fault_point) and SIGKILLed there. Afterwards the store must not
+The builder is stopped at a named fault point (ALEPH_FAULT, see
+aleph._faults.fault_point) and SIGKILLed there. Afterwards the store must not
 open as complete, and the next build must produce bytes identical to an
 uninterrupted build. The rows of chunks already recorded are scrambled (header, size
 and mtime kept) before resuming: the result is right only if the resume did not
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # a dozen subprocess builds: deselect with -m 'no
 def _kill_at(paths, out, point, tmp_path, impl="streaming"):
     marker = tmp_path / f"reached-{point}"
     proc = run_cli(["targets", "build", *map(str, paths), "--out", str(out), "--implementation", impl,
-                    "--no-plan"], {"ALEPH_TARGETS_FAULT": point, "ALEPH_TARGETS_FAULT_FILE": str(marker)})
+                    "--no-plan"], {"ALEPH_FAULT": point, "ALEPH_FAULT_FILE": str(marker)})
     wait_for(marker, proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
@@ -92,7 +92,7 @@ def test_second_builder_fails_clearly_or_waits(make_chunks, tmp_path):
     out = tmp_path / "s"
     marker = tmp_path / "paused"
     first = run_cli(["targets", "build", *map(str, paths), "--out", str(out)],
-                    {"ALEPH_TARGETS_FAULT": "written:1", "ALEPH_TARGETS_FAULT_FILE": str(marker)})
+                    {"ALEPH_FAULT": "written:1", "ALEPH_FAULT_FILE": str(marker)})
     wait_for(marker, first)
     with pytest.raises(StoreError, match=rf"another process \(pid {first.pid}\) is building"):
         build_store(paths, out, lock_timeout_s=0.3)

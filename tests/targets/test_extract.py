@@ -131,8 +131,8 @@ def test_killed_mid_chunk_it_resumes_redoing_no_finished_chunk(tiny, tmp_path):
     out, marker = tmp_path / "out", tmp_path / "marker"
     args = ["-m", "aleph", "targets", "extract", "--captions", str(caps), "--out", str(out),
             "--teachers", teachers, *OPTS]
-    proc = run_teacher(args, {"ALEPH_TARGETS_FAULT": "extract-batch:1",
-                              "ALEPH_TARGETS_FAULT_FILE": str(marker)})
+    proc = run_teacher(args, {"ALEPH_FAULT": "extract-batch:1",
+                              "ALEPH_FAULT_FILE": str(marker)})
     wait_for(marker, proc, timeout=300)  # chunk 0 of every teacher published, chunk 1 begun
     proc.send_signal(signal.SIGKILL)
     proc.communicate()

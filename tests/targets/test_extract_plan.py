@@ -86,8 +86,8 @@ def test_a_consensus_stopped_by_repeated_signals_exits_76_and_resumes(tmp_path):
     out, marker = tmp_path / "out", tmp_path / "marker"
     proc = run_cli(["targets", "consensus", "--teachers", *dirs, "--out", str(out),
                     "--fit-rows", "500"],
-                   {"ALEPH_TARGETS_FAULT": "consensus-block:1",
-                    "ALEPH_TARGETS_FAULT_FILE": str(marker)})
+                   {"ALEPH_FAULT": "consensus-block:1",
+                    "ALEPH_FAULT_FILE": str(marker)})
     wait_for(marker, proc)  # chunk 0 published, chunk 1 half written
     for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
         proc.send_signal(sig)

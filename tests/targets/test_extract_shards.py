@@ -93,8 +93,8 @@ def test_a_shard_stopped_by_repeated_sigterms_keeps_its_chunks_and_resumes_the_r
     caps, teachers, clean = two
     out, marker = tmp_path / "out", tmp_path / "marker"
     args = extract_args(caps, out, teachers, "--shard", "1/3")
-    proc = run_teacher(args, {"ALEPH_TARGETS_FAULT": "extract-batch:4",
-                              "ALEPH_TARGETS_FAULT_FILE": str(marker)})
+    proc = run_teacher(args, {"ALEPH_FAULT": "extract-batch:4",
+                              "ALEPH_FAULT_FILE": str(marker)})
     wait_for(marker, proc, timeout=300)  # chunk 1 of both teachers done, chunk 4 begun
     for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
         proc.send_signal(sig)  # as Slurm does at a time limit: several within milliseconds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -42,7 +43,7 @@ def train_work(work, smoke_data_dir) -> Path:
 
 def child_env(work: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ, ALEPH_WORK=str(work), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    for hook in ("ALEPH_TRAIN_PAUSE_AFTER_STEP", "ALEPH_TRAIN_PAUSE_IN_PREFLIGHT"):
+    for hook in ("ALEPH_TRAIN_PAUSE_AFTER_STEP", "ALEPH_TRAIN_PAUSE_IN_PREFLIGHT", "ALEPH_FAULT"):
         env.pop(hook, None)
     env.update(extra)
     return env
@@ -73,6 +74,23 @@ def completed_run(tmp_path_factory, smoke_data_dir: Path, arm: str, seed: int,
 def start_train(work: Path, cmd: list[str], **env) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=REPO, env=child_env(work, **env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+
+
+def kill_at_fault(work: Path, cmd: list[str], point: str, timeout: float = 240) -> str:
+    """Run the trainer until it waits at fault point `point` (aleph._faults), SIGKILL it
+    there; returns its console output."""
+    marker = work.parent / f"reached-{point}"
+    proc = start_train(work, cmd, ALEPH_FAULT=point, ALEPH_FAULT_FILE=str(marker))
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"trainer never reached {point} ({proc.wait()}):\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    out = proc.communicate()[0]
+    assert proc.returncode == -signal.SIGKILL, out
+    return out
 
 
 def wait_for_log(run_dir: Path, text: str, proc: subprocess.Popen, timeout: float = 180) -> Path:

@@ -19,6 +19,7 @@ from aleph._io import sha256_file
 from aleph.errors import EXIT_STOPPED
 from tests.train.conftest import (
     completed_run,
+    kill_at_fault,
     run_train,
     smoke_dir,
     start_train,
@@ -159,17 +160,14 @@ def test_pruning_leaves_at_most_keep_states_after_kills(train_work):
                       if ".corrupt-" not in p.parent.name)
 
     sets = ("max_steps=8", "ckpt_every_steps=1")
-    first = run_train(train_work, train_cmd("a2_dense", 8, *sets, "keep_checkpoints=2"),
-                      ALEPH_TRAIN_FAULT="before-complete:3")
-    assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr
+    kill_at_fault(train_work, train_cmd("a2_dense", 8, *sets, "keep_checkpoints=2"), "before-complete:3")
     assert complete() == ["step-00000002"]  # step-1 pruned, step-3 not yet marked
     assert (run_dir / STATE.format(3)).is_dir()
 
-    second = run_train(train_work, train_cmd("a2_dense", 8, *sets, "keep_checkpoints=3"),
-                       ALEPH_TRAIN_FAULT="after-complete:6")
-    assert second.returncode == -signal.SIGKILL, second.stdout + second.stderr
-    assert "removed incomplete resume state(s) of a killed save: step-00000003" in second.stdout
-    assert "resume: step 2, samples seen 64" in second.stdout
+    second = kill_at_fault(train_work, train_cmd("a2_dense", 8, *sets, "keep_checkpoints=3"),
+                           "after-complete:6")
+    assert "removed incomplete resume state(s) of a killed save: step-00000003" in second
+    assert "resume: step 2, samples seen 64" in second
     assert complete() == ["step-00000004", "step-00000005", "step-00000006"]
 
     third = run_train(train_work, train_cmd("a2_dense", 8, *sets, "keep_checkpoints=2"))
