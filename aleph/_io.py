@@ -70,12 +70,110 @@ def check_free_space(path: str | os.PathLike, needed: int, what: str) -> None:
                          f"{free:,} B free; free space (or point ALEPH_WORK elsewhere) and retry")
 
 
-def disk_full_message(path: str | os.PathLike, e: OSError, needed: int | None = None) -> str:
+def disk_full_message(path: str | os.PathLike, e: OSError, needed: int | None = None,
+                      what: str = "writing") -> str:
     """One line for a write that ran out of room: the file, the error, bytes needed vs free."""
     free = free_bytes(Path(path).parent)
     need = f"needs {needed:,} B, " if needed is not None else ""
     room = f"{free:,} B free" if free is not None else "free space unknown"
-    return f"{path}: disk full while writing ({e.strerror or e}): {need}{room}"
+    return f"{path}: disk full while {what} ({e.strerror or e}): {need}{room}"
+
+
+class DurableWriter:
+    """Bytes into a file, durably: each buffer written whole from the writer's position
+    (pwrite continues a short write) and hashed on the way (`sha256`), so nothing is read
+    back; every `flush_bytes` written are fdatasync'ed and dropped from page cache
+    (POSIX_FADV_DONTNEED), since page cache is charged to the container's memory cgroup and
+    a 16 GB file must not become 16 GB of it. Used by the resume state, the token store and
+    the target store.
+
+    `DurableWriter.create(path, size)` makes a new file (O_EXCL: nothing already there, a
+    link or a leftover, is followed or taken over; mode 0o666 less the umask), `size` bytes
+    reserved up front when given, so a full disk fails there and not hours in;
+    `DurableWriter(fd, path, offset)` writes into an open file. A failure raises
+    `error(line)` (default: an OSError keeping the errno): one line naming the file (`label`,
+    default `path`) and what failed, for a full disk also the bytes `needed` vs free.
+    """
+
+    def __init__(self, fd: int, path: str | os.PathLike, offset: int = 0, *,
+                 flush_bytes: int = 64 << 20, size: int | None = None,
+                 needed: int | None = None, label: str | os.PathLike | None = None,
+                 error=None) -> None:
+        self.fd, self.path, self.label = fd, str(path), str(label or path)
+        self.pos = self.synced = offset
+        self.flush_bytes, self.size, self.error = max(1, int(flush_bytes)), size, error
+        self.needed = needed if needed is not None else size
+        self.sha256 = hashlib.sha256()
+
+    @classmethod
+    def create(cls, path: str | os.PathLike, size: int | None = None, **kw) -> DurableWriter:
+        w = cls(-1, path, size=size, **kw)
+        try:
+            w.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise w.fail(e, "creating") from None
+        os.fchmod(w.fd, file_mode())  # 0644 under the usual umask, like every other file we write
+        try:
+            if size:
+                os.posix_fallocate(w.fd, 0, size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # not: a filesystem without it
+                w.close()
+                os.unlink(path)
+                raise w.fail(e, f"reserving {size:,} bytes") from None
+        return w
+
+    def fail(self, e: OSError | str, what: str = "") -> Exception:
+        """The one-line error (for the caller to raise) for `e` while doing `what`."""
+        if isinstance(e, str):
+            msg, code = f"{self.label}: {e}", errno.EIO
+        elif e.errno in DISK_FULL_ERRNOS:
+            msg, code = disk_full_message(self.label, e, self.needed, what), e.errno
+        else:
+            msg, code = f"{self.label}: I/O error while {what} ({e.strerror or e})", e.errno
+        return self.error(msg) if self.error else OSError(code, msg)
+
+    def write(self, data) -> None:
+        """Write all of `data` (any C-contiguous buffer) at the position."""
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        while view:
+            try:
+                n = os.pwrite(self.fd, view, self.pos)
+            except OSError as e:
+                raise self.fail(e, "writing") from None
+            view, self.pos = view[n:], self.pos + n
+        if self.pos - self.synced >= self.flush_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """fdatasync what was written, then drop its pages from page cache."""
+        try:
+            os.fdatasync(self.fd)
+        except OSError as e:
+            raise self.fail(e, "flushing") from None
+        if self.pos > self.synced:  # a length of 0 would mean "to the end of the file"
+            os.posix_fadvise(self.fd, self.synced, self.pos - self.synced, os.POSIX_FADV_DONTNEED)
+        self.synced = self.pos
+
+    def finish(self) -> dict[str, Any]:
+        """Make every byte durable; the file's {sha256, size}. A file created with a `size`
+        must have been written to exactly that size."""
+        if self.size is not None and self.pos != self.size:
+            raise self.fail(f"{self.pos:,} bytes written, expected {self.size:,}")
+        self.flush()
+        return {"sha256": self.sha256.hexdigest(), "size": self.pos}
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> DurableWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = True) -> None:

@@ -11,8 +11,6 @@ directory is complete or absent):
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import io
 import itertools
 import os
@@ -25,12 +23,10 @@ import numpy as np
 import torch
 
 from aleph._io import (
-    DISK_FULL_ERRNOS,
+    DurableWriter,
     atomic_write_json,
     check_free_space,
-    disk_full_message,
     fsync_dir,
-    open_write_nofollow,
     read_json_bounded,
     sha256_file,
     sha256_json,
@@ -228,8 +224,8 @@ def _write_arrays(tmp: Path, src, rows: int, tokenizer, max_len: int, batch: int
     encode = _encoder(tokenizer, max_len)
     pad = int(tokenizer.pad_token_id)
     hasher = CaptionsHasher()
-    ids_w = _NpyWriter(tmp / "ids.npy", (rows, max_len), flush_bytes)
-    len_w = _NpyWriter(tmp / "lengths.npy", (rows,), flush_bytes)
+    ids_w = _npy_writer(tmp / "ids.npy", (rows, max_len), flush_bytes)
+    len_w = _npy_writer(tmp / "lengths.npy", (rows,), flush_bytes)
 
     def emit(encodings) -> None:
         seqs = [e.ids for e in encodings]
@@ -258,80 +254,26 @@ def _write_arrays(tmp: Path, src, rows: int, tokenizer, max_len: int, batch: int
         if hasher.rows != rows:
             raise DataError(f"captions {src.name}: {hasher.rows} rows read but {rows} counted "
                             "before reading (changed while being read?)")
-        files = {"ids.npy": ids_w.finish(), "lengths.npy": len_w.finish()}
+        files = {"ids.npy": ids_w.finish()["sha256"], "lengths.npy": len_w.finish()["sha256"]}
     finally:
         ids_w.close()
         len_w.close()
     return hasher.hexdigest(), files
 
 
-class _NpyWriter:
-    """Sequential writer of a C-order int32 .npy file, its pages flushed as it goes.
-
-    The file is reserved at its full size first (a full disk fails here, not hours in).
-    Every `flush_bytes` the written range is fdatasync'ed and dropped from page cache
-    (POSIX_FADV_DONTNEED), as the target store's writer does: page cache is charged to
-    the container's memory cgroup, and a 16 GB ids.npy must not become 16 GB of it. The
-    sha256 of the bytes is computed as they are written, so the file is not read back.
-    """
-
-    def __init__(self, path: Path, shape: tuple[int, ...], flush_bytes: int) -> None:
-        self.path, self.flush_bytes = path, max(1, int(flush_bytes))
-        header = io.BytesIO()
-        np.lib.format.write_array_header_1_0(header, {
-            "descr": np.lib.format.dtype_to_descr(np.dtype(np.int32)),
-            "fortran_order": False, "shape": tuple(shape)})  # the header np.save writes
-        head = header.getvalue()
-        self.size = len(head) + int(np.prod(shape, dtype=np.int64)) * 4
-        self.fd = open_write_nofollow(path, truncate=True)  # 0o666 less the umask
-        try:
-            os.posix_fallocate(self.fd, 0, self.size)
-        except OSError as e:
-            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without it
-                os.close(self.fd)
-                self.fd = -1
-                raise self._error(e, f"reserving {self.size:,} bytes") from None
-        self.h, self.pos, self.synced = hashlib.sha256(), 0, 0
-        self._put(memoryview(head))
-
-    def _error(self, e: OSError, what: str) -> StoreError:
-        if e.errno in DISK_FULL_ERRNOS:
-            return StoreError(disk_full_message(self.path, e, self.size))
-        return StoreError(f"{self.path}: I/O error while {what} ({e.strerror})")
-
-    def _put(self, view: memoryview) -> None:
-        self.h.update(view)
-        while view:
-            try:
-                n = os.pwrite(self.fd, view, self.pos)
-            except OSError as e:
-                raise self._error(e, f"writing at byte {self.pos:,}") from None
-            view, self.pos = view[n:], self.pos + n
-        if self.pos - self.synced >= self.flush_bytes:
-            self._flush()
-
-    def write(self, arr: np.ndarray) -> None:
-        self._put(memoryview(np.ascontiguousarray(arr, dtype=np.int32)).cast("B"))
-
-    def _flush(self) -> None:
-        try:
-            os.fdatasync(self.fd)
-        except OSError as e:
-            raise self._error(e, "flushing") from None
-        os.posix_fadvise(self.fd, self.synced, self.pos - self.synced, os.POSIX_FADV_DONTNEED)
-        self.synced = self.pos
-
-    def finish(self) -> str:
-        """Check the file is complete, make it durable; its sha256."""
-        if self.pos != self.size:
-            raise StoreError(f"{self.path}: {self.pos:,} bytes written, expected {self.size:,}")
-        self._flush()
-        return self.h.hexdigest()
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+def _npy_writer(path: Path, shape: tuple[int, ...], flush_bytes: int) -> DurableWriter:
+    """A new C-order int32 .npy file of `shape`, reserved at its full size and its header
+    written (the header np.save writes); its rows follow with `.write`. Its pages are
+    flushed and dropped as it goes (`DurableWriter`), as the target store's writer does."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(np.int32)),
+        "fortran_order": False, "shape": tuple(shape)})
+    head = header.getvalue()
+    size = len(head) + int(np.prod(shape, dtype=np.int64)) * 4
+    w = DurableWriter.create(path, size, flush_bytes=flush_bytes, error=StoreError)
+    w.write(head)
+    return w
 
 
 def open_token_store(path: str | Path, verify_hashes: bool = False) -> TokenStore:

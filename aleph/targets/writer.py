@@ -4,26 +4,27 @@ Shared by both build implementations, so they produce the same bytes and hashes.
 Page cache is charged to the container's memory cgroup, so after every `flush_bytes`
 slice the written range is fdatasync'ed (dirty -> clean) and dropped with
 POSIX_FADV_DONTNEED (clean -> free): the builder never holds more than one slice of
-dirty pages, whatever the store size.
+dirty pages, whatever the store size. The writing, hashing and flushing are
+`aleph._io.DurableWriter`'s (the resume state and the token store use it too).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from aleph._io import DISK_FULL_ERRNOS, check_free_space, free_bytes, open_write_nofollow
+from aleph._io import DurableWriter, check_free_space
 from aleph.errors import StoreError
 from aleph.targets.format import DTYPES
 
 DEFAULT_FLUSH_BYTES = 64 << 20
 NONFINITE_MODES = ("warn", "fail")
 _MAX_LISTED = 10  # row numbers listed per chunk in reports
-_DISK_FULL = DISK_FULL_ERRNOS
 
 
 @dataclass
@@ -35,47 +36,23 @@ class ChunkResult:
     nonfinite_rows: list[int] = field(default_factory=list)  # first few, chunk-relative
 
 
-def disk_error(path: str, e: OSError, what: str, needed: int | None = None) -> StoreError:
-    """One line naming the file; for a full disk also the bytes needed vs free."""
-    if e.errno in _DISK_FULL:
-        free = free_bytes(os.path.dirname(path) or ".")
-        room = (f"needs {needed:,} B, " if needed is not None else "") + (
-            f"{free:,} B free" if free is not None else "free space unknown")
-        return StoreError(
-            f"{path}: disk full or file size limit reached while {what} ({e.strerror}): "
-            f"{room}; free space (the store needs its full size up front) and rebuild"
-        )
-    return StoreError(f"{path}: I/O error while {what} ({e.strerror})")
-
-
 def preallocate(path: str, nbytes: int) -> int:
-    """Create `path` with exactly `nbytes` reserved (disk-full fails here, not mid-build).
+    """A new file at `path` with exactly `nbytes` reserved (disk-full fails here, not
+    mid-build); its read-write fd. A leftover regular file of an earlier build is replaced.
 
     The free space is checked first (QuotaError naming the file, bytes needed vs free), so
     a store that cannot fit is refused before anything is written.
     """
-    try:  # a leftover file of an earlier build is truncated below: its blocks count as free
-        held = os.stat(path).st_blocks * 512
-    except OSError:
-        held = 0
-    check_free_space(path, nbytes - min(held, nbytes), "the target store's data file")
-    fd = open_write_nofollow(path, truncate=True, mode=0o644)
     try:
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as e:
-        os.close(fd)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    leftover = st is not None and stat.S_ISREG(st.st_mode)  # a link or FIFO stays: refused
+    held = st.st_blocks * 512 if leftover else 0  # removed below: its blocks count as free
+    check_free_space(path, nbytes - min(held, nbytes), "the target store's data file")
+    if leftover:
         os.unlink(path)
-        raise disk_error(path, e, f"reserving {nbytes:,} bytes", nbytes) from None
-    return fd
-
-
-def _pwrite_all(fd: int, buf: memoryview, offset: int, path: str) -> None:
-    while buf:
-        try:
-            n = os.pwrite(fd, buf, offset)
-        except OSError as e:
-            raise disk_error(path, e, f"writing at byte {offset:,}") from None
-        buf, offset = buf[n:], offset + n
+    return DurableWriter.create(path, nbytes, error=StoreError).fd
 
 
 def _nonfinite_rows(raw: np.ndarray, mask: int, block_bytes: int = 4 << 20) -> np.ndarray:
@@ -100,24 +77,17 @@ def write_chunk(fd: int, path: str, offset: int, raw: np.ndarray, dtype: str,
     Returns the sha256 of exactly the bytes written and the non-finite rows found.
     """
     mask = DTYPES[dtype][3]
-    row_bytes = raw.shape[1] * raw.dtype.itemsize
-    step = max(1, flush_bytes // row_bytes)
-    h, bad, count = hashlib.sha256(), [], 0
+    step = max(1, flush_bytes // (raw.shape[1] * raw.dtype.itemsize))
+    w = DurableWriter(fd, path, offset, flush_bytes=flush_bytes, error=StoreError)
+    bad, count = [], 0
     for r0 in range(0, raw.shape[0], step):
         part = np.ascontiguousarray(raw[r0:r0 + step])  # (r, D); no copy when contiguous
         rows = _nonfinite_rows(part, mask)
         count += len(rows)
         bad.extend(int(r) + r0 for r in rows[: _MAX_LISTED - len(bad)])
-        view = memoryview(part).cast("B")
-        _pwrite_all(fd, view, offset, path)
-        h.update(view)
-        try:
-            os.fdatasync(fd)
-        except OSError as e:
-            raise disk_error(path, e, "flushing") from None
-        os.posix_fadvise(fd, offset, len(view), os.POSIX_FADV_DONTNEED)
-        offset += len(view)
-    return ChunkResult(h.hexdigest(), count, bad)
+        w.write(part)
+        w.flush()  # at most one slice of dirty pages
+    return ChunkResult(w.sha256.hexdigest(), count, bad)
 
 
 def hash_range(fd: int, path: str, offset: int, nbytes: int,

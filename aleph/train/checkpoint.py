@@ -48,9 +48,9 @@ import torch
 from aleph._faults import fault_point
 from aleph._io import (
     DISK_FULL_ERRNOS,
+    DurableWriter,
     check_free_space,
     disk_full_message,
-    file_mode,
     fsync_dir,
     read_json,
     sha256_file,
@@ -141,23 +141,6 @@ def latest(run_dir: Path) -> tuple[Path, dict] | None:
     return path, read_json(path / "meta.json")
 
 
-def _write_file(path: Path, data) -> dict:
-    """Write `data` (bytes-like) to a new file, fsync it; returns its {sha256, size}."""
-    import hashlib
-
-    view = memoryview(data).cast("B")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, file_mode())  # 0644 under the usual umask, like every other run file
-        pos = 0
-        while pos < len(view):
-            pos += os.write(fd, view[pos:pos + (64 << 20)])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return {"sha256": hashlib.sha256(view).hexdigest(), "size": len(view)}
-
-
 def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Position,
          rng_states: list[dict], config_sha256: str, keep: int) -> Path:
     """Write one complete resume state atomically, at most `keep` complete ones left. Rank 0 only.
@@ -187,7 +170,9 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
     try:
         for name, data in blobs.items():
             current = final / name
-            files[name] = _write_file(tmp / name, data)
+            with DurableWriter.create(tmp / name, label=current, needed=need) as w:
+                w.write(data)
+                files[name] = w.finish()
         current = final
         if final.exists():  # an incomplete leftover of an earlier, killed save of this step
             shutil.rmtree(final)
@@ -201,7 +186,7 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno in DISK_FULL_ERRNOS:
-            said = e.strerror or ""  # atomic_write_json already names the file and the bytes
+            said = e.strerror or ""  # the writers already name the file and the bytes
             msg = said if str(current) in said else disk_full_message(current, e, need)
             raise QuotaError(f"{msg}; the previous resume state is intact: free space and "
                              "relaunch") from None

@@ -1,11 +1,18 @@
-"""aleph._io: atomic writes give files the ordinary umask mode."""
+"""aleph._io: atomic writes give files the ordinary umask mode; the durable writer."""
 
+import hashlib
 import os
 import stat
 
 import pytest
 
-from aleph._io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from aleph._io import (
+    DurableWriter,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+)
 
 
 def test_atomic_write_gets_the_umask_mode_not_mkstemps_0600(tmp_path):
@@ -30,3 +37,27 @@ def test_a_no_replace_write_never_overwrites_and_leaves_no_temp_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["00000001.json"]
     atomic_write_bytes(path, b"third")  # the default replaces
     assert path.read_bytes() == b"third"
+
+
+def test_durable_writer_writes_all_hashes_on_the_way_and_never_takes_over_a_path(tmp_path):
+    data = os.urandom(3000)
+    old = os.umask(0o022)
+    try:
+        with DurableWriter.create(tmp_path / "f.bin", len(data), flush_bytes=1024) as w:
+            for i in range(0, len(data), 700):  # slices across several flushes
+                w.write(data[i:i + 700])
+            assert w.finish() == {"sha256": hashlib.sha256(data).hexdigest(), "size": 3000}
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.bin").read_bytes() == data
+    assert stat.S_IMODE((tmp_path / "f.bin").stat().st_mode) == 0o644
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"theirs")
+    (tmp_path / "link").symlink_to(target)  # O_EXCL: neither followed nor replaced
+    with pytest.raises(OSError, match=r"link: I/O error while creating \(File exists\)$"):
+        DurableWriter.create(tmp_path / "link", 10)
+    assert target.read_bytes() == b"theirs" and (tmp_path / "link").is_symlink()
+    with DurableWriter.create(tmp_path / "short.bin", 8, error=ValueError) as w:
+        w.write(b"1234")
+        with pytest.raises(ValueError, match=r"short\.bin: 4 bytes written, expected 8$"):
+            w.finish()

@@ -119,6 +119,6 @@ def test_disk_full_fails_clearly_and_keeps_the_old_store(make_chunks, tmp_path):
     proc = run_cli(["targets", "build", *map(str, paths), "--out", str(out)], preexec_fn=cap)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
-    assert "targets.bin.partial: disk full or file size limit reached while reserving 768,000 bytes" in err
+    assert "targets.bin.partial: disk full while reserving 768,000 bytes" in err
     assert not (out / "targets.bin.partial").exists()
     assert torch.equal(open_store(out).gather(np.arange(14)), old_ref)

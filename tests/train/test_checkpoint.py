@@ -207,8 +207,8 @@ def test_running_out_of_room_mid_write_names_the_file(tmp_path):
                                   "relaunch")
     assert list((run_dir / "checkpoints").iterdir()) == []  # the partial state was removed
     assert lines["store"].startswith(f"StoreError {run_dir}/store/targets.bin.partial: disk full "
-                                     "or file size limit reached while reserving 98,304 bytes "
-                                     "(File too large): needs 98,304 B, ")
+                                     "while reserving 98,304 bytes (File too large): needs "
+                                     "98,304 B, ")
     assert not (run_dir / "store" / "targets.bin.partial").exists()
 
 
