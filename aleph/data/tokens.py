@@ -83,6 +83,15 @@ class TokenStore:
         return sha256_json({"files": m["files"], "rows": m["rows"], "max_len": m["max_len"],
                             "pad_id": m["pad_id"]})
 
+    def require(self, want: dict) -> TokenStore:
+        """This store, when its manifest records each field of `want` (captions_sha256,
+        tokenizer_fingerprint, max_len); otherwise a StoreError naming the fields that differ."""
+        diff = sorted(k for k, v in want.items() if self.manifest.get(k) != v)
+        if diff:
+            raise StoreError(f"token store {self.path} was built from different {diff}; remove it "
+                             "(a cache directory is rebuilt) or choose another directory")
+        return self
+
     def gather(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows `indices` as (input_ids (B, L') long, attention_mask (B, L') bool).
 
@@ -147,11 +156,7 @@ def build_token_store(captions: Sequence[str] | CaptionSource, tokenizer, out_di
                          f"({store.rows} rows; {src.name} has {rows}); remove it or choose "
                          "another directory")
     want["captions_sha256"] = digest if digest is not None else src.sha256()
-    diff = sorted(k for k, v in want.items() if store.manifest.get(k) != v)
-    if diff:
-        raise StoreError(f"token store {out_dir} was built from different {diff}; "
-                         "remove it or choose another directory")
-    return store
+    return store.require(want)
 
 
 def _build(out_dir: Path, src, rows: int, tokenizer, want: dict, batch: int,

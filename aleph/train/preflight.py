@@ -427,12 +427,8 @@ def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log,
     fp = tokenizer_fingerprint(tokenizer)
     out = token_store_dir(digest, fp, cfg.max_len)
     if out.exists():
-        store = open_token_store(out)
-        want = {"captions_sha256": digest, "tokenizer_fingerprint": fp, "max_len": cfg.max_len}
-        diff = sorted(k for k, v in want.items() if store.manifest.get(k) != v)
-        if diff:
-            raise StoreError(f"token store {out}: its manifest differs from this run's {diff}; "
-                             "remove the directory so it is rebuilt")
+        store = open_token_store(out).require(
+            {"captions_sha256": digest, "tokenizer_fingerprint": fp, "max_len": cfg.max_len})
         log(f"token store: cache hit {out} ({store.rows:,} rows x {store.max_len})")
         return store
     if captions is None:

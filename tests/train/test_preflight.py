@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from aleph.errors import ConfigError
+from aleph.errors import ConfigError, StoreError
 from aleph.train.config import resolve
 from aleph.train.distributed import World, check_divisible
 from aleph.train.preflight import (
@@ -106,6 +107,12 @@ def test_training_and_aleph_data_tokens_share_one_token_store(work, capsys):
     assert store.path == built_by_cli
     assert lines == [f"token store: cache hit {built_by_cli} (40 rows x {cfg.max_len})"]
     assert [p.name for p in (work / "cache" / "tokens").iterdir()] == [built_by_cli.name]
+    manifest = json.loads((built_by_cli / "manifest.json").read_text())
+    manifest["tokenizer_fingerprint"] = "another"
+    (built_by_cli / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StoreError, match=rf"^token store {built_by_cli} was built from different "
+                       r"\['tokenizer_fingerprint'\]; remove it \(a cache directory is rebuilt"):
+        prepare_tokens(cfg, src, load_tokenizer(src.tokenizer), lines.append)  # tokens' own check
 
 
 def test_captions_digest_is_memoised_by_the_files_identity(work, tmp_path):
