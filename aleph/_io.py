@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -334,6 +335,47 @@ def read_json_bounded(path: str | os.PathLike, limit: int, *, follow: bool = Fal
     """The JSON value of a regular file of at most `limit` bytes (`read_chunked`), parsed by
     `parse_json_bytes`. OSError or ValueError, each one line."""
     return parse_json_bytes(read_chunked(path, limit, follow=follow))
+
+
+_WORDS = {str: "a non-empty string", int: "an integer >= 0", list: "a list", dict: "an object"}
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    if isinstance(kind, re.Pattern):
+        return isinstance(value, str) and kind.fullmatch(value) is not None
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, kind) and (kind is not str or value != "")
+
+
+def check_record(obj: dict, fields: dict[str, Any]) -> dict:
+    """`obj` when it holds each of `fields`, {name: kind or (kind, words)}: `str` a non-empty
+    string, `int` an integer >= 0, a compiled pattern a string it matches in full, another
+    type an instance of it; else a ValueError naming the first field that does not fit."""
+    for name, spec in fields.items():
+        kind, words = spec if isinstance(spec, tuple) else (spec, _WORDS.get(spec, spec.__name__))
+        if not _fits(obj.get(name), kind):
+            raise ValueError(f"field {name!r} is {short_repr(obj.get(name), 80)}, expected {words}")
+    return obj
+
+
+def read_json_record(path: str | os.PathLike, limit: int,
+                     fields: dict[str, Any] | None = None) -> dict:
+    """The JSON object in the regular file `path` (`read_json_bounded`: at most `limit` bytes,
+    no link followed) holding `fields` (`check_record`). ValueError, one line without the
+    path (the caller adds the file and the remedy): an unreadable file, another JSON value,
+    a field that does not fit."""
+    try:
+        obj = read_json_bounded(path, limit)
+    except OSError as e:  # a link, a FIFO, too large: its strerror says so
+        raise ValueError(e.strerror or str(e)) from None
+    except ValueError as e:
+        raise ValueError(f"invalid JSON ({e})") from None
+    fields = fields or {}
+    if not isinstance(obj, dict):
+        want = f" with {', '.join(fields)}" if fields else ""
+        raise ValueError(f"a JSON {type(obj).__name__}, expected an object{want}")
+    return check_record(obj, fields)
 
 
 def read_chunked(path: str | os.PathLike, limit: int, *, follow: bool = False) -> bytes:

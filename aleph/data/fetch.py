@@ -31,7 +31,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aleph._io import atomic_write_json, fsync_dir, read_json_bounded, short_repr, work_root
+from aleph._io import atomic_write_json, fsync_dir, read_json_record, work_root
 from aleph.data import fetch_http, readers
 from aleph.data.fetch_http import FetchLimits
 from aleph.errors import DataError
@@ -90,8 +90,8 @@ def _expect_source(given: str | None) -> str:
 
 
 RECORD_MAX_BYTES = 64 << 10  # the record is a few hundred bytes
-_RECORD_FIELDS = {"repo": str, "file": str, "revision": str, "commit": _HEX40, "size": int,
-                  "sha256": _HEX64}
+_RECORD_FIELDS = {"repo": str, "file": str, "revision": str, "commit": (_HEX40, "hex digits"),
+                  "size": (int, "a size in bytes"), "sha256": (_HEX64, "hex digits")}
 
 
 def read_record(path: Path) -> dict:
@@ -99,30 +99,10 @@ def read_record(path: Path) -> dict:
     RECORD_MAX_BYTES, a UTF-8 JSON object of bounded depth holding every field of
     _RECORD_FIELDS with its type; else a DataError naming the file and the field."""
     try:
-        record = read_json_bounded(path, RECORD_MAX_BYTES, follow=False)
-    except OSError as e:
-        raise DataError(f"fetch record {path}: {e.strerror or e}; expected the JSON file this "
-                        "command writes: move it away and fetch again") from None
+        return read_json_record(path, RECORD_MAX_BYTES, _RECORD_FIELDS)
     except ValueError as e:
-        raise DataError(f"fetch record {path}: not a fetch record ({str(e)[:200]}); expected "
-                        "the JSON this command writes: move it away and fetch again") from None
-    if not isinstance(record, dict):
-        raise DataError(f"fetch record {path}: a JSON {type(record).__name__}, expected an object "
-                        f"with {', '.join(_RECORD_FIELDS)}")
-    for name, kind in _RECORD_FIELDS.items():
-        if not _field_ok(record.get(name), kind):
-            want = {str: "a string", int: "a size in bytes"}.get(kind, "hex digits")
-            raise DataError(f"fetch record {path}: field {name!r} is "
-                            f"{short_repr(record.get(name), 80)}, expected {want}")
-    return record
-
-
-def _field_ok(value, kind) -> bool:
-    if isinstance(kind, re.Pattern):
-        return isinstance(value, str) and kind.fullmatch(value) is not None
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return isinstance(value, str) and value != ""
+        raise DataError(f"fetch record {path}: {e}; expected the JSON file this command "
+                        "writes: move it away and fetch again") from None
 
 
 def _hub_record(repo: str, filename: str, revision: str, endpoint: str | None,

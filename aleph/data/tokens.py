@@ -26,8 +26,9 @@ from aleph._io import (
     DurableWriter,
     atomic_write_json,
     check_free_space,
+    check_record,
     fsync_dir,
-    read_json_bounded,
+    read_json_record,
     sha256_file,
     sha256_json,
     work_root,
@@ -291,20 +292,13 @@ def open_token_store(path: str | Path, verify_hashes: bool = False) -> TokenStor
     if not man_path.is_file():
         raise StoreError(f"token store {path}: no manifest.json (not a store, or incomplete)")
     try:  # a regular file of bounded size and depth, no link followed
-        man = read_json_bounded(man_path, MANIFEST_MAX_BYTES, follow=False)
-    except OSError as e:
-        raise StoreError(f"{man_path}: {e.strerror or e}") from None
+        man = read_json_record(man_path, MANIFEST_MAX_BYTES)
+        if (man.get("format"), man.get("version")) != (FORMAT, VERSION):
+            raise ValueError(f"format {man.get('format')!r} v{man.get('version')!r}, expected "
+                             f"{FORMAT!r} v{VERSION}")
+        check_record(man, {"rows": int, "max_len": int, "pad_id": int})
     except ValueError as e:
-        raise StoreError(f"{man_path}: invalid JSON ({e})") from None
-    if not isinstance(man, dict):
-        raise StoreError(f"{man_path}: a JSON {type(man).__name__}, expected an object")
-    if (man.get("format"), man.get("version")) != (FORMAT, VERSION):
-        raise StoreError(f"{man_path}: format {man.get('format')!r} v{man.get('version')!r}, "
-                         f"expected {FORMAT!r} v{VERSION}")
-    for key in ("rows", "max_len", "pad_id"):
-        value = man.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise StoreError(f"{man_path}: field {key!r} is {value!r}, expected an integer >= 0")
+        raise StoreError(f"{man_path}: {e}") from None
     files = man.get("files")
     if not isinstance(files, dict) or set(files) != {"ids.npy", "lengths.npy"}:
         raise StoreError(f"{man_path}: field 'files' is {files!r}, expected the sha256 of "

@@ -43,7 +43,7 @@ from aleph._faults import fault_point
 from aleph._io import (
     atomic_write_bytes,
     atomic_write_json,
-    read_json_bounded,
+    read_json_record,
     sha256_bytes,
     sha256_file,
     sha256_json,
@@ -201,18 +201,9 @@ def read_record(path: Path, fields: dict[str, type]) -> dict:
     """A JSON object file of OUT (the state or the result) holding `fields` of their types;
     StoreError (one line) for anything else: a list, a link, 100k-deep nesting, a FIFO."""
     try:
-        obj = read_json_bounded(path, _RECORD_MAX)
-    except (OSError, ValueError) as e:
-        raise StoreError(f"{path}: unreadable consensus record ({getattr(e, 'strerror', None) or e}); "
-                         "choose a new --out (nothing was changed)") from None
-    if not isinstance(obj, dict):
-        raise StoreError(f"{path}: a JSON {type(obj).__name__}, expected an object; choose a new "
-                         "--out (nothing was changed)")
-    wrong = [k for k, t in fields.items() if not isinstance(obj.get(k), t)]
-    if wrong:
-        raise StoreError(f"{path}: fields {wrong} missing or of the wrong type; choose a new "
-                         "--out (nothing was changed)")
-    return obj
+        return read_json_record(path, _RECORD_MAX, fields)
+    except ValueError as e:
+        raise StoreError(f"{path}: {e}; choose a new --out (nothing was changed)") from None
 
 
 def _state_key(inp: Inputs, fit_rows: int, whiten: str, tol: float, max_iter: int) -> str:

@@ -24,7 +24,7 @@ import math
 import os
 from pathlib import Path
 
-from aleph._io import atomic_write_bytes, read_json_bounded
+from aleph._io import atomic_write_bytes, read_json_record
 from aleph.errors import StoreError
 from aleph.targets.teachers import TeacherSpec
 
@@ -44,14 +44,9 @@ def n_chunks(plan: dict) -> int:
 def read_plan(path: Path) -> dict:
     """The plan object at `path` (no link followed, bounded); StoreError in one line else."""
     try:
-        plan = read_json_bounded(path, _PLAN_MAX)
-    except (OSError, ValueError) as e:
-        raise StoreError(f"{path}: unreadable plan ({getattr(e, 'strerror', None) or e}); "
-                         "use a new --out") from None
-    if not isinstance(plan, dict):
-        raise StoreError(f"{path}: a JSON {type(plan).__name__}, expected the plan object; "
-                         "use a new --out")
-    return plan
+        return read_json_record(path, _PLAN_MAX)
+    except ValueError as e:
+        raise StoreError(f"{path}: {e}; use a new --out") from None
 
 
 def _is_plan_temp(name: str) -> bool:

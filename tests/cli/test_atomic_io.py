@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import re
 import stat
 
 import pytest
@@ -12,6 +13,7 @@ from aleph._io import (
     atomic_write_json,
     atomic_write_text,
     read_json,
+    read_json_record,
 )
 
 
@@ -61,3 +63,20 @@ def test_durable_writer_writes_all_hashes_on_the_way_and_never_takes_over_a_path
         w.write(b"1234")
         with pytest.raises(ValueError, match=r"short\.bin: 4 bytes written, expected 8$"):
             w.finish()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1]", "a JSON list, expected an object with key, n, sha$"),
+    ('{"key": "", "n": 1, "sha": "ab"}', "field 'key' is '', expected a non-empty string$"),
+    ('{"key": "k", "n": true, "sha": "ab"}', "field 'n' is True, expected an integer >= 0$"),
+    ('{"key": "k", "n": 1, "sha": "AB"}', "field 'sha' is 'AB', expected hex digits$"),
+    ("[" * 50_000 + "]" * 50_000, r"invalid JSON \(JSON nested too deeply"),
+    ("x" * 2000, "larger than the 1,024 B this input may have$"),
+], ids=["a list", "empty string", "a bool", "no match", "deep", "large"])
+def test_a_json_record_is_one_object_of_its_fields_or_one_line(tmp_path, text, message):
+    fields = {"key": str, "n": int, "sha": (re.compile("[0-9a-f]+"), "hex digits")}
+    (tmp_path / "r.json").write_text('{"key": "k", "n": 0, "sha": "ab", "more": []}')
+    assert read_json_record(tmp_path / "r.json", 1024, fields)["more"] == []
+    (tmp_path / "r.json").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_json_record(tmp_path / "r.json", 1024 if len(text) < 50_000 else 1 << 20, fields)
