@@ -9,8 +9,12 @@ targets extract` / `consensus`, which sit below train in the import graph.
 
 from __future__ import annotations
 
+import shlex
 import signal
 import threading
+from collections.abc import Callable
+
+from aleph.errors import EXIT_STOPPED
 
 
 class StopRequested(BaseException):
@@ -84,3 +88,25 @@ def ignore_stops() -> None:
     torchrun's forwarded ones) must not turn the exit status into a death by signal."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+
+
+def run_until_stop(command: str, body: Callable[[], int], kept: Callable[[str], str],
+                   again: Callable[[], list[str]]) -> int:
+    """`body()`'s exit code, run under one StopFlag('interrupt') (any number of SIGTERM/SIGINT
+    is one stop, raised where it lands). After a stop: one line, `aleph <command>: <kept(the
+    signal's name)>; resume with: aleph <again()>`, further signals ignored, and
+    errors.EXIT_STOPPED. Used by `aleph targets extract` and `consensus`."""
+    stop = StopFlag("interrupt")
+    try:
+        rc = body()
+    except StopRequested as e:
+        again_line = shlex.join(["aleph", *again()])
+        print(f"aleph {command}: {kept(e.signame)}; resume with: {again_line}", flush=True)
+        ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
+        return EXIT_STOPPED
+    except BaseException:
+        stop.restore()
+        raise
+    stop.restore()
+    return rc
+

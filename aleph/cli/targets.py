@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 from aleph._io import work_root
-from aleph._signals import StopFlag, StopRequested, ignore_stops
+from aleph._signals import run_until_stop
 from aleph.env.cgroup import format_bytes
-from aleph.errors import EXIT_STOPPED, StoreError
+from aleph.errors import StoreError
 from aleph.targets import build_store, open_store, plan, store_dir_for, verify_store
 from aleph.targets.lock import DEFAULT_LOCK_TIMEOUT_S
 from aleph.targets.plan import DEFAULT_HEADROOM_BYTES
@@ -85,32 +85,23 @@ def _info(args) -> int:
 def _consensus(args) -> int:
     """The consensus; exit 76 (errors.EXIT_STOPPED) after any number of SIGTERM/SIGINT, with
     one line saying what was kept and the command that resumes."""
-    import shlex
-
     from aleph.targets.consensus import run_consensus, stop_summary
 
-    stop = StopFlag("interrupt")  # one stop, raised where it lands; partial chunks never count
-    try:
+    def body() -> int:  # partial chunks never count
         r = run_consensus(args.teachers, args.out, fit_rows=args.fit_rows, whiten=args.whiten,
                           tol=args.tol, max_iter=args.max_iter)
-    except StopRequested as e:
-        again = ["aleph", "targets", "consensus", "--teachers", *args.teachers, "--out",
-                 args.out, "--fit-rows", str(args.fit_rows), "--whiten", args.whiten, "--tol",
-                 repr(args.tol), "--max-iter", str(args.max_iter)]
-        print(f"aleph targets consensus: {stop_summary(e.signame, Path(args.out).absolute())}; "
-              f"resume with: {shlex.join(again)}", flush=True)
-        ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
-        return EXIT_STOPPED
-    except BaseException:
-        stop.restore()
-        raise
-    stop.restore()
-    fit = r["fit"]
-    print(f"{args.out}: {r['rows']:,} x {r['dim']} float16 consensus of {len(r['teachers'])} "
-          f"teachers, fit on {fit['rows_used']:,} rows, {fit['iterations']} sweeps "
-          f"(converged {fit['converged']}), relative residual per teacher "
-          + " ".join(f"{x:.4f}" for x in fit["relative_residuals"]))
-    return 0
+        fit = r["fit"]
+        print(f"{args.out}: {r['rows']:,} x {r['dim']} float16 consensus of "
+              f"{len(r['teachers'])} teachers, fit on {fit['rows_used']:,} rows, "
+              f"{fit['iterations']} sweeps (converged {fit['converged']}), relative residual "
+              "per teacher " + " ".join(f"{x:.4f}" for x in fit["relative_residuals"]))
+        return 0
+
+    return run_until_stop(
+        "targets consensus", body, lambda signame: stop_summary(signame, Path(args.out).absolute()),
+        lambda: ["targets", "consensus", "--teachers", *args.teachers, "--out", args.out,
+                 "--fit-rows", str(args.fit_rows), "--whiten", args.whiten, "--tol",
+                 repr(args.tol), "--max-iter", str(args.max_iter)])
 
 
 def _extract(args) -> int:

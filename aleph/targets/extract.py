@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -48,8 +47,8 @@ import torch
 
 from aleph._faults import fault_point
 from aleph._io import atomic_write_json, short_repr
-from aleph._signals import StopFlag, StopRequested, ignore_stops
-from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, StoreError
+from aleph._signals import StopRequested, run_until_stop
+from aleph.errors import AlephError, ConfigError, StoreError
 from aleph.targets.chunkio import ChunkWriter
 from aleph.targets.extract_plan import (
     RESULT_FILE,
@@ -279,21 +278,11 @@ def run_extract(captions: str, out: str | os.PathLike, teachers: str,
     (aleph.data.captions.open_captions, passed in by the CLI: targets does not import
     data, which reads target chunks for its alignment check)."""
     where: dict = {"phase": "setup"}
-    stop = StopFlag("interrupt")  # one stop, raised wherever it lands; partials never count
-    try:
-        rc = _extract(captions, Path(out).absolute(), teachers, opts, open_captions, where)
-    except StopRequested as e:
-        again = shlex.join(["aleph", *command_line(captions, Path(out).absolute(), teachers,
-                                                   opts, opts.shard, opts.consensus_out)])
-        print(f"aleph targets extract: {stop_summary(e.signame, where)}; resume with: {again}",
-              flush=True)
-        ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
-        return EXIT_STOPPED
-    except BaseException:
-        stop.restore()
-        raise
-    stop.restore()
-    return rc
+    out = Path(out).absolute()
+    return run_until_stop(  # partial chunks never count
+        "targets extract", lambda: _extract(captions, out, teachers, opts, open_captions, where),
+        lambda signame: stop_summary(signame, where),
+        lambda: command_line(captions, out, teachers, opts, opts.shard, opts.consensus_out))
 
 
 def stop_summary(signame: str, where: dict) -> str:
