@@ -81,20 +81,15 @@ def disk_full_message(path: str | os.PathLike, e: OSError, needed: int | None = 
 
 
 class DurableWriter:
-    """Bytes into a file, durably: each buffer written whole from the writer's position
-    (pwrite continues a short write) and hashed on the way (`sha256`), so nothing is read
-    back; every `flush_bytes` written are fdatasync'ed and dropped from page cache
-    (POSIX_FADV_DONTNEED), since page cache is charged to the container's memory cgroup and
-    a 16 GB file must not become 16 GB of it. Used by the resume state, the token store and
-    the target store.
-
-    `DurableWriter.create(path, size)` makes a new file (O_EXCL: nothing already there, a
-    link or a leftover, is followed or taken over; mode 0o666 less the umask), `size` bytes
-    reserved up front when given, so a full disk fails there and not hours in;
-    `DurableWriter(fd, path, offset)` writes into an open file. A failure raises
-    `error(line)` (default: an OSError keeping the errno): one line naming the file (`label`,
-    default `path`) and what failed, for a full disk also the bytes `needed` vs free.
-    """
+    """Bytes into a file, durably (the resume state, the token store, the target store):
+    each buffer written whole (pwrite continues a short write) and hashed on the way
+    (`sha256`); every `flush_bytes` fdatasync'ed and dropped from page cache, which the
+    container's memory cgroup is charged for. `create(path, size)` makes a new file (O_EXCL:
+    nothing there, link or leftover, is followed or taken over; mode 0o666 less the umask)
+    with `size` bytes reserved, so a full disk fails up front; `DurableWriter(fd, path,
+    offset)` writes into an open file. A failure raises `error(line)` (default an OSError,
+    errno kept): one line naming the file (`label`) and what failed, for a full disk also
+    the bytes `needed` vs free."""
 
     def __init__(self, fd: int, path: str | os.PathLike, offset: int = 0, *,
                  flush_bytes: int = 64 << 20, size: int | None = None,
@@ -111,6 +106,8 @@ class DurableWriter:
         w = cls(-1, path, size=size, **kw)
         try:
             w.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:  # a link, a FIFO, someone's file: never written through or over
+            raise w.fail("exists already, and is not replaced: move it away") from None
         except OSError as e:
             raise w.fail(e, "creating") from None
         os.fchmod(w.fd, file_mode())  # 0644 under the usual umask, like every other file we write
