@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aleph._io import file_mode, fsync_dir
+from aleph._io import file_mode, fsync_dir, open_regular
 from aleph.data import readers
 from aleph.errors import DataError
 
@@ -143,7 +143,7 @@ class _Writer:
         self.flush()
         self.writer.add_key_value_metadata({META_KEY: json.dumps(meta, sort_keys=True)})
         self.writer.close()
-        fd = os.open(self.tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # our mkstemp file
+        fd = open_regular(self.tmp, follow=False)  # our mkstemp file
         try:
             os.fsync(fd)
         finally:

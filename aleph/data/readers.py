@@ -1,9 +1,9 @@
 """Untrusted caption files, opened safely: regular files only, gzip streams, shard directories.
 
 Every caption input (a single file, each shard of a directory) goes through
-`open_stream`: it is opened with O_NONBLOCK and checked with fstat before a byte is read,
-so a FIFO, a device or a directory is refused in one line instead of blocking the
-reader; a `.gz` file is decompressed as a stream (`.txt.gz`, `.jsonl.gz`), and a damaged
+`open_regular` (`Stream` reads it): checked by stat, opened by `aleph._io.open_regular`
+with O_NONBLOCK and checked with fstat before a byte is read, so a FIFO, a device or a
+directory is refused in one line instead of blocking the reader; a `.gz` file is decompressed as a stream (`.txt.gz`, `.jsonl.gz`), and a damaged
 or truncated gzip stream is a DataError naming the file, never a traceback. Lines are read
 with a bound (`MAX_LINE_BYTES`), so a file without newlines (or a gzip bomb of one line)
 cannot take the memory. `shard_files` lists a directory's shards in name order, refusing
@@ -13,6 +13,7 @@ their numeric order.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -22,8 +23,8 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from aleph._io import file_kind as file_kind_of_mode
-from aleph._io import parse_json_bytes
+from aleph import _io
+from aleph._io import NotRegularFile, parse_json_bytes
 from aleph.errors import DataError
 
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")  # what a shard directory may hold
@@ -32,35 +33,37 @@ MAX_LINE_BYTES = 16 << 20  # one caption line or JSONL record, at most
 _GZ_ERRORS = (OSError, EOFError, zlib.error)  # BadGzipFile is an OSError; truncation EOFError
 
 
+def _refused(path: str | os.PathLike, what: str, e: OSError, doing: str) -> DataError:
+    """The one line for an input that cannot be read: missing, not a regular file (what
+    it is instead), or the system's reason for refusing `doing` it."""
+    if isinstance(e, NotRegularFile):
+        return DataError(f"{what} {path} is {e.kind}; expected a regular file")
+    if e.errno == errno.ENOENT:
+        return DataError(f"{what} {path} does not exist")
+    return DataError(f"{what} {path}: cannot {doing} ({e.strerror})")
+
+
 def check_regular(path: str | os.PathLike, what: str = "captions file") -> os.stat_result:
     """os.stat of `path` (following symlinks), or a DataError when it is missing or not a
     regular file. stat never blocks, so a FIFO is told apart before anything opens it."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        raise DataError(f"{what} {path} does not exist") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(path, st.st_mode)
     except OSError as e:
-        raise DataError(f"{what} {path}: cannot stat ({e.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise DataError(f"{what} {path} is {file_kind_of_mode(st.st_mode)}; expected a regular file")
+        raise _refused(path, what, e, "stat") from None
     return st
 
 
 def open_regular(path: str | os.PathLike, what: str = "captions file"):
-    """A binary file object of the regular file `path`. Checked by stat, then opened with
-    O_NONBLOCK and checked again with fstat (the path may have been swapped for a FIFO in
-    between): opening never blocks and nothing but a regular file is ever read."""
+    """A binary file object of the regular file `path`: checked by stat (a device or FIFO
+    is never opened), then opened by `aleph._io.open_regular` (O_NONBLOCK, and fstat of
+    what was opened: the path may have been swapped for a FIFO in between)."""
     check_regular(path, what)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return os.fdopen(_io.open_regular(path), "rb")
     except OSError as e:
-        raise DataError(f"{what} {path}: cannot open ({e.strerror})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise DataError(f"{what} {path} is {file_kind_of_mode(st.st_mode)}; expected a regular file")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+        raise _refused(path, what, e, "open") from None
 
 
 class Stream:
