@@ -104,7 +104,7 @@ class CaptionSource:
                 self.shards = [CaptionSource(p, column) for p in readers.shard_files(path)]
                 return
             readers.check_regular(path)  # missing, a FIFO, a device: one line, never a hang
-            self.kind = readers.file_kind(path)
+            self.kind = readers.caption_format(path)
             if self.kind == "parquet":
                 self.parquet_file()  # a non-parquet file or a missing column fails here
         else:

@@ -62,7 +62,7 @@ def source_files(source: str | os.PathLike) -> list[Path]:
     if p.is_dir():
         return readers.shard_files(p)
     readers.check_regular(p, "captions source")
-    kind = readers.file_kind(p)
+    kind = readers.caption_format(p)
     if kind not in ("jsonl", "parquet"):
         raise DataError(f"captions source {p}: a {kind} file holds no records with fields; "
                         "expected .jsonl, .jsonl.gz, .parquet or a directory of them")

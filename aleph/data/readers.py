@@ -116,9 +116,9 @@ class Stream:
         self.close()
 
 
-def file_kind(path: Path) -> str:
-    """'txt', 'jsonl', 'json' or 'parquet' for a caption file (a .gz by its inner suffix),
-    or a DataError naming the suffixes understood."""
+def caption_format(path: Path) -> str:
+    """The format of a caption file by its name: 'txt', 'jsonl', 'json' or 'parquet' (a
+    .gz by its inner suffix), or a DataError naming the suffixes understood."""
     name = path.name
     inner = Path(name[:-3]).suffix if name.endswith(".gz") else path.suffix
     allowed = (".txt", ".jsonl", ".json", ".parquet") if not name.endswith(".gz") else GZ_INNER

@@ -127,3 +127,11 @@ def test_files_are_opened_for_reading_by_one_helper():
            if isinstance(n, ast.Call) and ast.unparse(n.func) == "os.open"
            and "O_RDONLY" in ast.unparse(n)]
     assert own == []
+
+
+def test_caption_format_is_told_by_the_name():
+    names = ("a.txt", "a.jsonl.gz", "a.json", "a.parquet", "a.txt.gz")
+    assert [readers.caption_format(Path(n)) for n in names] == ["txt", "jsonl", "json",
+                                                                "parquet", "txt"]
+    with pytest.raises(DataError, match=r"a\.json\.gz: unsupported type"):
+        readers.caption_format(Path("a.json.gz"))  # a .json list is parsed whole: never gzipped
