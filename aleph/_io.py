@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -139,6 +140,19 @@ class NotRegularFile(OSError):
         self.kind = file_kind(mode)
         super().__init__(errno.EINVAL, f"not a regular file ({self.kind}): expected a regular "
                          "file", str(path))
+
+
+def natural_key(name: str) -> list:
+    """Sort key of a name by the values of its numbers: shard_2 before shard_10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def number_order_clash(names: list[str]) -> tuple[str, str] | None:
+    """For names in name order: the first place where number order (`natural_key`) puts
+    another name, as (first by name, first by number); None when the two orders agree
+    (files read in name order as rows must not leave their row order to guess)."""
+    by_number = sorted(names, key=natural_key)
+    return next(((a, b) for a, b in zip(names, by_number, strict=True) if a != b), None)
 
 
 def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:

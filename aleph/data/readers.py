@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from aleph import _io
-from aleph._io import NotRegularFile, parse_json_bytes
+from aleph._io import NotRegularFile, number_order_clash, parse_json_bytes
 from aleph.errors import DataError
 
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")  # what a shard directory may hold
@@ -129,10 +129,6 @@ def caption_format(path: Path) -> str:
     return inner[1:]
 
 
-def _natural_key(name: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
 def shard_files(directory: str | os.PathLike) -> list[Path]:
     """The shards of a caption directory (names ending in .jsonl, .jsonl.gz or .parquet;
     other names, dot files and subdirectories are not shards), in name order, which is
@@ -148,11 +144,9 @@ def shard_files(directory: str | os.PathLike) -> list[Path]:
     if not names:
         raise DataError(f"captions directory {d} holds no caption shards; expected files "
                         f"ending in {', '.join(SHARD_SUFFIXES)}, read in name order")
-    by_number = sorted(names, key=_natural_key)
-    if by_number != names:
-        k = next(i for i, (a, b) in enumerate(zip(names, by_number, strict=True)) if a != b)
+    if clash := number_order_clash(names):
         raise DataError(f"captions directory {d}: shard names sort differently by name "
-                        f"({names[k]} first) and by number ({by_number[k]} first), so their "
+                        f"({clash[0]} first) and by number ({clash[1]} first), so their "
                         "row order is ambiguous; zero-pad the numbers (shard_002, not shard_2)")
     real_dir = os.path.realpath(d)
     out = []
