@@ -296,21 +296,7 @@ class CaptionSource:
 
     def parquet_file(self):
         """The `pyarrow.parquet.ParquetFile` of a parquet source, its column checked."""
-        import pyarrow.parquet as pq
-
-        # opened by path (Arrow's own file reads), right after a stat that refuses a FIFO
-        # or a device, so the open cannot block
-        readers.check_regular(self.path)
-        try:
-            # buffered reads, no pre-buffering: a row group's column chunk is read page by
-            # page, so memory does not scale with the row group size
-            pf = pq.ParquetFile(self.path, buffer_size=1 << 20, pre_buffer=False)
-        except Exception as e:  # pyarrow raises several types for a non-parquet file
-            raise DataError(f"{self.path}: not a readable parquet file ({e})") from e
-        names = pf.schema_arrow.names
-        if self.column not in names:
-            raise DataError(f"{self.path}: no column {self.column!r}; columns are {names}")
-        return pf
+        return readers.Parquet(self.path, [self.column]).file
 
     def _dataset(self):
         if self._ds is None:
@@ -337,17 +323,7 @@ class CaptionSource:
             for table in ds.iter(batch_size=rows):  # memory-mapped Arrow cache, not a list
                 yield table.column(self.column).combine_chunks()
             return
-        pf = self.parquet_file()
-        it = pf.iter_batches(batch_size=rows, columns=[self.column], use_threads=False)
-        while True:
-            try:
-                rb = next(it)
-            except StopIteration:
-                return
-            except Exception as e:  # a damaged data page after a readable footer
-                why = " ".join(str(e).split())
-                raise DataError(f"{self.path}: column {self.column!r} is not readable "
-                                f"({type(e).__name__}: {why})") from e
+        for rb in readers.Parquet(self.path, [self.column]).batches([self.column], rows):
             yield rb.column(0)
 
 

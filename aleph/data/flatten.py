@@ -91,21 +91,11 @@ def record_batches(files: Sequence[Path], fields: Sequence[str],
 
 
 def _parquet_batches(path: Path, fields: Sequence[str], batch: int) -> Iterator[dict[str, list]]:
-    import pyarrow.parquet as pq
-
-    readers.check_regular(path, "captions shard")  # stat first: the open below cannot block
-    try:
-        pf = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
-        present = [f for f in fields if f in pf.schema_arrow.names]
-        it = pf.iter_batches(batch_size=batch, columns=present or None, use_threads=False)
-        for rb in it:
-            n = rb.num_rows
-            yield {f: (rb.column(f).to_pylist() if f in present else [None] * n) for f in fields}
-    except DataError:
-        raise
-    except Exception as e:  # pyarrow raises several types for a damaged or foreign file
-        why = " ".join(str(e).split())
-        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {why})") from e
+    pf = readers.Parquet(path, what="captions shard")
+    present = [f for f in fields if f in pf.names]
+    for rb in pf.batches(present, batch):
+        n = rb.num_rows
+        yield {f: (rb.column(f).to_pylist() if f in present else [None] * n) for f in fields}
 
 
 def parse_fields(text: str) -> list[str]:
@@ -165,12 +155,9 @@ def same_flatten(source: str | os.PathLike, fields: Sequence[str], out: str | os
     """The recorded result when `out` already holds this very flatten: its `aleph.flatten`
     recipe names the same source, shards, fields, order and min_chars, and no shard was
     modified after `out` was written. None otherwise (no file, another recipe, unreadable)."""
-    import pyarrow.parquet as pq
-
     out = Path(out).expanduser()
     try:
-        readers.check_regular(out, "--out")
-        meta = json.loads((pq.read_metadata(out).metadata or {})[META_KEY])
+        meta = json.loads((readers.Parquet(out, what="--out").file.metadata.metadata or {})[META_KEY])
         files = source_files(source)
         newest = max(p.stat().st_mtime_ns for p in files)
         written = out.stat().st_mtime_ns

@@ -20,7 +20,7 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from aleph import _io
@@ -114,6 +114,47 @@ class Stream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Parquet:
+    """A parquet file of captions or records, read by record batches: opened by path
+    (Arrow's own reads) right after `check_regular`, so the open cannot block on a FIFO or
+    a device; buffered reads without pre-buffering, so a row group's column chunk is read
+    page by page and memory does not scale with the row group's size. A file that is not
+    parquet, a missing column in `columns`, a page that cannot be read: one-line DataErrors
+    naming the file."""
+
+    def __init__(self, path: str | os.PathLike, columns: Sequence[str] = (),
+                 what: str = "captions file") -> None:
+        import pyarrow.parquet as pq
+
+        self.path = Path(path)
+        check_regular(path, what)
+        try:
+            self.file = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+        except Exception as e:  # pyarrow raises several types for a damaged or foreign file
+            raise DataError(f"{path}: not a readable parquet file ({_arrow_why(e)})") from None
+        self.names = self.file.schema_arrow.names
+        if missing := [c for c in columns if c not in self.names]:
+            raise DataError(f"{path}: no column {missing[0]!r}; columns are {self.names}")
+
+    def batches(self, columns: list[str], rows: int) -> Iterator:
+        """pyarrow RecordBatches of `columns`, at most `rows` rows each (no columns: one
+        per row group, of its row count), in row order, read on this thread."""
+        it = self.file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
+        while True:
+            try:
+                rb = next(it)
+            except StopIteration:
+                return
+            except Exception as e:  # a damaged data page after a readable footer
+                cols = f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {columns} are"
+                raise DataError(f"{self.path}: {cols} not readable ({_arrow_why(e)})") from None
+            yield rb
+
+
+def _arrow_why(e: Exception) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"  # Arrow's messages span lines
 
 
 def caption_format(path: Path) -> str:

@@ -135,3 +135,15 @@ def test_caption_format_is_told_by_the_name():
                                                                 "parquet", "txt"]
     with pytest.raises(DataError, match=r"a\.json\.gz: unsupported type"):
         readers.caption_format(Path("a.json.gz"))  # a .json list is parsed whole: never gzipped
+
+
+def test_parquet_is_opened_by_one_reader():
+    """readers.Parquet is aleph/data's one parquet opener (captions, flatten, align read
+    through it), with the bounds that keep a row group's memory page-sized."""
+    data = Path(readers.__file__).parent
+    calls = {f"{p.name}": ast.unparse(n) for p in sorted(data.glob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+             if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(("ParquetFile",
+                                                                          "read_metadata"))}
+    assert list(calls) == ["readers.py"]
+    assert "buffer_size=1 << 20" in calls["readers.py"] and "pre_buffer=False" in calls["readers.py"]
