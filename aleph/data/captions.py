@@ -26,8 +26,8 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import aleph.data.readers as readers
 from aleph._io import parse_json_bytes, read_chunked, work_root
-from aleph.data import readers
 from aleph.errors import DataError
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".gz")  # a path, not a dataset id

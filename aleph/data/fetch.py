@@ -31,8 +31,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aleph.data.fetch_http as fetch_http
+import aleph.data.readers as readers
 from aleph._io import atomic_write_json, fsync_dir, read_json_bounded, short_repr, work_root
-from aleph.data import fetch_http, readers
 from aleph.data.fetch_http import FetchLimits
 from aleph.errors import DataError
 

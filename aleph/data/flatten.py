@@ -25,8 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import aleph.data.readers as readers
 from aleph._io import file_mode, fsync_dir, open_regular
-from aleph.data import readers
 from aleph.errors import DataError
 
 ORDERS = ("record", "field")
