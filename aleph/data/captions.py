@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -132,7 +131,7 @@ class CaptionSource:
         else:
             start = 0
             for arr in self._arrow_batches(rows):
-                yield _arrow_strings(arr, self._where(), start)
+                yield _check_arrow(arr, self._where(), start).to_pylist()
                 start += len(arr)
 
     def __iter__(self) -> Iterator[str]:
@@ -279,8 +278,7 @@ class CaptionSource:
             try:
                 data = parse_json_bytes(raw)
             except ValueError as e:
-                why = f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
-                raise DataError(f"{self.path}: {why}") from None
+                raise DataError(f"{self.path}: {readers.json_why(e)}") from None
             if not isinstance(data, list):
                 raise DataError(f"{self.path}: expected a JSON list of objects with a "
                                 f"{self.column!r} field")
@@ -402,10 +400,6 @@ def _check_arrow(arr, where: str, start: int):
         i = pc.index(arr.is_null(), True).as_py()
         raise DataError(f"{where}: row {start + i} is NoneType, expected a string")
     return arr
-
-
-def _arrow_strings(arr, where: str, start: int) -> list[str]:
-    return _check_arrow(arr, where, start).to_pylist()
 
 
 def check_aligned(token_rows: int, target_rows: int, token_source: str = "token store",

@@ -74,7 +74,11 @@ def record_batches(files: Sequence[Path], fields: Sequence[str],
     """{field: [value or None per record]} for consecutive batches of records, in order."""
     for path in files:
         if path.name.endswith(".parquet"):
-            yield from _parquet_batches(path, fields, batch)
+            pf = readers.Parquet(path, what="captions shard")
+            present = [f for f in fields if f in pf.names]  # a field it lacks is None
+            for rb in pf.batches(present, batch):
+                yield {f: rb.column(f).to_pylist() if f in present else [None] * rb.num_rows
+                       for f in fields}
             continue
         cols: dict[str, list] = {f: [] for f in fields}
         for n, obj in readers.jsonl_objects(path):
@@ -88,14 +92,6 @@ def record_batches(files: Sequence[Path], fields: Sequence[str],
                 cols = {f: [] for f in fields}
         if cols[fields[0]]:
             yield cols
-
-
-def _parquet_batches(path: Path, fields: Sequence[str], batch: int) -> Iterator[dict[str, list]]:
-    pf = readers.Parquet(path, what="captions shard")
-    present = [f for f in fields if f in pf.names]
-    for rb in pf.batches(present, batch):
-        n = rb.num_rows
-        yield {f: (rb.column(f).to_pylist() if f in present else [None] * n) for f in fields}
 
 
 def parse_fields(text: str) -> list[str]:

@@ -223,14 +223,15 @@ def parse_json_line(raw: bytes, where: str) -> object:
         obj = parse_json_bytes(raw)
     except ValueError as e:
         hint = " (NUL bytes: UTF-16 or UTF-32 text?)" if b"\0" in raw and "UTF" not in str(e) else ""
-        raise DataError(f"{where}: {_json_why(e)}{hint}; expected one UTF-8 JSON record per "
+        raise DataError(f"{where}: {json_why(e)}{hint}; expected one UTF-8 JSON record per "
                         "line") from None
     if SURROGATE_ESCAPE.search(raw):  # rare: only then is every string checked
         check_unicode(obj, where)
     return obj
 
 
-def _json_why(e: ValueError) -> str:
+def json_why(e: ValueError) -> str:
+    """Why `aleph._io.parse_json_bytes` refused: 'invalid JSON (...)' or its own line."""
     return f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
 
 
