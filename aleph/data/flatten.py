@@ -129,11 +129,8 @@ class _Writer:
         self.flush()
         self.writer.add_key_value_metadata({META_KEY: json.dumps(meta, sort_keys=True)})
         self.writer.close()
-        fd = open_regular(self.tmp, follow=False)  # our mkstemp file
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with os.fdopen(open_regular(self.tmp, follow=False), "rb") as f:  # our mkstemp file
+            os.fsync(f.fileno())
         os.chmod(self.tmp, file_mode())  # as open() would make it, not mkstemp's 0o600
         os.link(self.tmp, self.out)  # never replaces a file that appeared meanwhile
         os.unlink(self.tmp)

@@ -3,12 +3,14 @@
 Every caption input (a single file, each shard of a directory) goes through
 `open_regular` (`Stream` reads it): checked by stat, opened by `aleph._io.open_regular`
 with O_NONBLOCK and checked with fstat before a byte is read, so a FIFO, a device or a
-directory is refused in one line instead of blocking the reader; a `.gz` file is decompressed as a stream (`.txt.gz`, `.jsonl.gz`), and a damaged
-or truncated gzip stream is a DataError naming the file, never a traceback. Lines are read
-with a bound (`MAX_LINE_BYTES`), so a file without newlines (or a gzip bomb of one line)
-cannot take the memory. `shard_files` lists a directory's shards in name order, refusing
-a symlink that leads out of the directory and numbers whose name order differs from
-their numeric order.
+directory is refused in one line instead of blocking the reader; a `.gz` file is
+decompressed as a stream (`.txt.gz`, `.jsonl.gz`), and a damaged or truncated gzip stream
+is a DataError naming the file, never a traceback. Lines are read with a bound
+(`MAX_LINE_BYTES`), so a file without newlines (or a gzip bomb of one line) cannot take
+the memory. A parquet file is read through `Parquet` (the same stat check, page-sized
+buffered reads, one-line errors). `shard_files` lists a directory's shards in name order,
+refusing a symlink that leads out of the directory and numbers whose name order differs
+from their numeric order.
 """
 
 from __future__ import annotations
