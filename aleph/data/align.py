@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from aleph.data.captions import CaptionSource, check_aligned
+from aleph.data.captions import CaptionSource, check_aligned, open_captions
 from aleph.errors import DataError
 
 FEATURE_DIM = 4096  # hashed feature buckets
@@ -286,7 +286,6 @@ def preflight_alignment(source: str, column: str, targets: Sequence[str], tokeni
     <work>/cache/alignment by (captions content hash, target files' path/size/mtime,
     tokenizer fingerprint, sample), so a resumed launch does not re-read its sample."""
     from aleph._io import atomic_write_json, read_json, sha256_json, work_root
-    from aleph.data.captions import open_captions
     from aleph.data.tokenizer import tokenizer_fingerprint
     from aleph.targets.sources import source_fingerprint, source_stats
 
