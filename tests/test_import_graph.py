@@ -1,8 +1,9 @@
 """The package's import graph: dependencies flow one way (docs/ARCHITECTURE.md).
 
 Read from the source with ast (every import, deferred ones inside functions included), so
-a new `from aleph.train import ...` in report, or a cycle between two subpackages, fails
-here instead of surfacing as an import-order bug later.
+a new `from aleph.train import ...` in report, a cycle between two subpackages, or a
+cycle between two modules (inside a subpackage too) fails here instead of surfacing as an
+import-order bug later.
 """
 
 from __future__ import annotations
