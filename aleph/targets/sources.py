@@ -32,7 +32,7 @@ import torch
 
 from aleph._io import file_kind, number_order_clash, sha256_json
 from aleph.errors import StoreError
-from aleph.targets.format import DTYPES, TORCH_RAW, dtype_entry, torch_dtype_name
+from aleph.targets.format import DTYPES, TORCH_RAW, torch_dtype_name
 
 SUFFIXES = (".pt", ".npy", ".safetensors")
 _NPY_DTYPES = {"<f2": "float16", "<f4": "float32"}
@@ -298,7 +298,3 @@ def open_chunk(info: ChunkInfo) -> Iterator[np.ndarray]:
     # (rows, dim) -> same bits as signed ints -> numpy unsigned view; copies only if
     # the saved tensor was not contiguous.
     yield t.contiguous().view(TORCH_RAW[t.element_size()]).numpy().view(raw)
-
-
-def dtype_of(info: ChunkInfo) -> torch.dtype:
-    return dtype_entry(info.dtype, info.path)[0]
