@@ -152,7 +152,7 @@ def save_pretrained_atomic(tokenizer, out_dir: str | Path) -> Path:
 
 def add_tokenizer(root: Path, name: str, tokenizer, fingerprint: str) -> Path:
     """Save `tokenizer` (fetched as hub name `name`, at its pinned revision when
-    `aleph.data.tokenizer.TOKENIZER_PINS` has one) into the bundle, recording each saved
+    `TOKENIZER_PINS` has one) into the bundle, recording each saved
     file's sha256; its directory."""
     final = save_pretrained_atomic(tokenizer, root / "tokenizers" / _slug(name))
     _update_manifest(root, "tokenizers", name,
