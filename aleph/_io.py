@@ -137,9 +137,12 @@ class NotRegularFile(OSError):
     """An input that is not a regular file (EINVAL); `kind` says what it is ('a FIFO', ...)."""
 
     def __init__(self, path: str | os.PathLike, mode: int) -> None:
-        self.kind = file_kind(mode)
+        self.mode, self.kind = mode, file_kind(mode)
         super().__init__(errno.EINVAL, f"not a regular file ({self.kind}): expected a regular "
                          "file", str(path))
+
+    def __reduce__(self):  # OSError's would rebuild it from (errno, strerror, filename)
+        return NotRegularFile, (self.filename, self.mode)
 
 
 def natural_key(name: str) -> list:
