@@ -228,10 +228,29 @@ def file_kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
-def not_regular(path: str | os.PathLike, mode: int) -> OSError:
-    """The OSError for an input that is not a regular file; its strerror says what it is."""
-    return OSError(errno.EINVAL, f"not a regular file ({file_kind(mode)}): expected a "
-                   "regular file", str(path))
+class NotRegularFile(OSError):
+    """An input that is not a regular file (EINVAL); `kind` says what it is ('a FIFO', ...)."""
+
+    def __init__(self, path: str | os.PathLike, mode: int) -> None:
+        self.mode, self.kind = mode, file_kind(mode)
+        super().__init__(errno.EINVAL, f"not a regular file ({self.kind}): expected a regular "
+                         "file", str(path))
+
+    def __reduce__(self):  # OSError's would rebuild it from (errno, strerror, filename)
+        return NotRegularFile, (self.filename, self.mode)
+
+
+def natural_key(name: str) -> list:
+    """Sort key of a name by the values of its numbers: shard_2 before shard_10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def number_order_clash(names: list[str]) -> tuple[str, str] | None:
+    """For names in name order: the first place where number order (`natural_key`) puts
+    another name, as (first by name, first by number); None when the two orders agree
+    (files read in name order as rows must not leave their row order to guess)."""
+    by_number = sorted(names, key=natural_key)
+    return next(((a, b) for a, b in zip(names, by_number, strict=True) if a != b), None)
 
 
 def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
@@ -243,12 +262,12 @@ def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
         fd = os.open(path, flags)
     except OSError as e:
         if e.errno == errno.ELOOP and not follow:
-            raise not_regular(path, stat.S_IFLNK) from None
+            raise NotRegularFile(path, stat.S_IFLNK) from None
         raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise not_regular(path, mode)
+        raise NotRegularFile(path, mode)
     os.set_blocking(fd, True)
     return fd
 
@@ -257,19 +276,19 @@ def open_write_nofollow(path: str | os.PathLike, *, append: bool = False,
                         truncate: bool = False, mode: int = 0o666) -> int:
     """A read-write fd of the regular file `path`, created if missing (`mode` less the
     umask): never through a symbolic link (O_NOFOLLOW), never blocking on a FIFO
-    (O_NONBLOCK), refused unless fstat says it is a regular file (`not_regular`'s OSError);
+    (O_NONBLOCK), refused unless fstat says it is a regular file (`NotRegularFile`);
     appending when `append`, emptied when `truncate`, which happens only after the check."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags | (os.O_APPEND if append else 0), mode)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise not_regular(path, stat.S_IFLNK) from None
+            raise NotRegularFile(path, stat.S_IFLNK) from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise not_regular(path, st.st_mode)
+        raise NotRegularFile(path, st.st_mode)
     if truncate:
         os.ftruncate(fd, 0)
     os.set_blocking(fd, True)

@@ -1,8 +1,9 @@
 """The package's import graph: dependencies flow one way (docs/ARCHITECTURE.md).
 
 Read from the source with ast (every import, deferred ones inside functions included), so
-a new `from aleph.train import ...` in report, or a cycle between two subpackages, fails
-here instead of surfacing as an import-order bug later.
+a new `from aleph.train import ...` in report, a cycle between two subpackages, or a
+cycle between two modules (inside a subpackage too) fails here instead of surfacing as an
+import-order bug later.
 """
 
 from __future__ import annotations
@@ -86,3 +87,86 @@ def test_report_and_eval_do_not_reach_into_the_trainer_beyond_its_config():
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aleph.train"):
                     assert node.module == "aleph.train.config" and sub == "report", (
                         f"{path.relative_to(PACKAGE)} imports {node.module}")
+
+
+def module_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """{module: modules of aleph it imports}, every module below `package` (a package's
+    __init__ is the package's module). `import a.b.c` is an arrow to a.b.c (the longest
+    name that is a module); `from P import n` (absolute or relative) to P, and to P.n too
+    when that is a submodule: the names are read through P's namespace. Deferred imports
+    inside functions count. The import of a parent package that every import of a
+    submodule implies is not an arrow (else each package would cycle with its modules)."""
+    files = {}
+    for path in package.rglob("*.py"):
+        parts = ("aleph", *path.relative_to(package).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    target = alias.name
+                    while target and target not in files:
+                        target = target.rpartition(".")[0]
+                    out.add(target)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                out |= {base} | {f"{base}.{a.name}" for a in node.names}
+        graph[name] = (out & set(files)) - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_import_cycles_are_found_in_every_form_of_import(tmp_path):
+    # the reader itself, on a package of its own: relative, absolute, deferred, via __init__
+    pkg = tmp_path / "aleph"
+    (pkg / "p").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "p" / "__init__.py").write_text("from aleph.p.a import f\n")
+    (pkg / "p" / "a.py").write_text("from . import b\n\ndef f():\n    pass\n")
+    (pkg / "p" / "b.py").write_text("def g():\n    import aleph.p.c\n")
+    (pkg / "p" / "c.py").write_text("from .a import f\n")
+    (pkg / "p" / "d.py").write_text("from aleph.p import a\n")
+    graph = module_graph(pkg)
+    assert graph["aleph.p.a"] == {"aleph.p", "aleph.p.b"}  # `from . import b`: through p
+    assert graph["aleph.p.b"] == {"aleph.p.c"} and graph["aleph.p.c"] == {"aleph.p.a"}
+    assert graph["aleph.p.d"] == {"aleph.p", "aleph.p.a"}  # imported by none: in no cycle
+    assert import_cycles(graph) == [["aleph.p", "aleph.p.a", "aleph.p.b", "aleph.p.c"]]
+
+
+def test_no_module_imports_itself_back():
+    """No cycle between modules, inside a subpackage either (a module imported while the
+    one it imports is half initialised fails, or not, by import order)."""
+    assert import_cycles(module_graph()) == []

@@ -28,12 +28,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from aleph.data.captions import CaptionSource, check_aligned
+from aleph.data.captions import CaptionSource, check_aligned, open_captions
 from aleph.errors import DataError
 
 FEATURE_DIM = 4096  # hashed feature buckets
 BLOCKS = 16  # contiguous sample blocks (even: half fitted, half held out)
 SHIFTS = (-2, -1, 1, 2)  # alternative pairings scored next to the given one
+PAD = max(abs(s) for s in SHIFTS)  # target rows read beyond each sample block, each side
 RIDGE = 1.0  # kernel ridge regulariser (features are unit vectors: kernel diagonal 1)
 MIN_HITS, CHANCE_FACTOR, MARGIN = 8, 10.0, 1.25
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # 64-bit golden-ratio multiplier for hashing
@@ -96,14 +97,13 @@ class Alignment:
 
 def sample_blocks(rows: int, sample: int) -> list[tuple[int, int]]:
     """(start, length) of the sample's caption blocks; SHIFTS rows stay free at both ends."""
-    pad = max(abs(s) for s in SHIFTS)
-    usable = rows - 2 * pad
+    usable = rows - 2 * PAD
     if usable < 2 * BLOCKS:
         raise DataError(f"alignment check: {rows} rows are too few; expected at least "
-                        f"{2 * BLOCKS + 2 * pad}")
+                        f"{2 * BLOCKS + 2 * PAD}")
     length = max(2, min(sample, usable) // BLOCKS)
-    span = usable - length  # starts spread evenly over [pad, pad + span]
-    return [(pad + (k * span) // (BLOCKS - 1), length) for k in range(BLOCKS)]
+    span = usable - length  # starts spread evenly over [PAD, PAD + span]
+    return [(PAD + (k * span) // (BLOCKS - 1), length) for k in range(BLOCKS)]
 
 
 def take_captions(src: CaptionSource, idx: np.ndarray) -> list[str]:
@@ -223,17 +223,16 @@ def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
     target_rows = sum(i.rows for i in describe_sources(targets))
     check_aligned(rows, target_rows, f"captions {captions.name}", target_desc)
     blocks = sample_blocks(rows, sample)
-    pad = max(abs(s) for s in SHIFTS)
     cap_idx = np.concatenate([np.arange(s, s + n) for s, n in blocks])
-    tgt_idx = np.concatenate([np.arange(s - pad, s + n + pad) for s, n in blocks])
+    tgt_idx = np.concatenate([np.arange(s - PAD, s + n + PAD) for s, n in blocks])
     texts = take_captions(captions, cap_idx)
-    y_all = take_targets(targets, tgt_idx)  # (blocks * (n + 2 pad), D)
+    y_all = take_targets(targets, tgt_idx)  # (blocks * (n + 2 PAD), D)
     check_finite(targets, tgt_idx, y_all)  # a NaN row would poison every score: name it
     ids = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=512)["input_ids"]
     x = features(ids)  # (blocks * n, dim)
     n = blocks[0][1]
     x = x.view(len(blocks), n, -1)  # (K, n, dim)
-    y_all = y_all.view(len(blocks), n + 2 * pad, -1)  # (K, n + 2 pad, D)
+    y_all = y_all.view(len(blocks), n + 2 * PAD, -1)  # (K, n + 2 PAD, D)
     fit, test = slice(0, None, 2), slice(1, None, 2)  # alternate blocks
     x_fit = x[fit].reshape(-1, x.shape[-1])  # (m, dim)
     x_test = x[test].reshape(-1, x.shape[-1])  # (m, dim)
@@ -243,7 +242,7 @@ def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
     del gram
 
     def r_at_1(shift: int, permute: torch.Tensor | None = None) -> float:
-        y = y_all[:, pad + shift: pad + shift + n]  # (K, n, D): target of caption i is i+shift
+        y = y_all[:, PAD + shift: PAD + shift + n]  # (K, n, D): target of caption i is i+shift
         y_fit = y[fit].reshape(-1, y.shape[-1]).float()  # (m, D)
         y_test_raw = y[test].reshape(-1, y.shape[-1])  # (m, D) own dtype, for identity
         if permute is not None:
@@ -287,7 +286,6 @@ def preflight_alignment(source: str, column: str, targets: Sequence[str], tokeni
     <work>/cache/alignment by (captions content hash, target files' path/size/mtime,
     tokenizer fingerprint, sample), so a resumed launch does not re-read its sample."""
     from aleph._io import atomic_write_json, read_json, sha256_json, work_root
-    from aleph.data.captions import open_captions
     from aleph.data.tokenizer import tokenizer_fingerprint
     from aleph.targets.sources import source_fingerprint, source_stats
 
@@ -306,8 +304,7 @@ def preflight_alignment(source: str, column: str, targets: Sequence[str], tokeni
     else:
         caps = open_captions(source, column=column)
         rows = caps.count_rows()
-        pad = max(abs(s) for s in SHIFTS)
-        if rows < 2 * BLOCKS + 2 * pad:
+        if rows < 2 * BLOCKS + 2 * PAD:
             say(f"inputs: alignment: not checked: {rows} rows are too few for the check")
             return None
         checked = check_pairing(caps, targets, tokenizer, PREFLIGHT_SAMPLE)

@@ -17,29 +17,42 @@ Where it is looked for: $ALEPH_OFFLINE_BUNDLE, else <work root>/data/offline. It
 written atomically (temporary sibling + rename) and bundle.json last, so a bundle lists
 only complete items. An STS task is used only when the bundle's dataset and revision are
 the ones the code pins; a bundle fetched under another pin is refused by name.
+
+The hub tokenizer pins (`TOKENIZER_PINS`) and a saved tokenizer directory's helpers
+(`save_pretrained_atomic`, `tokenizer_files`) live here, below `aleph.data.tokenizer`, which
+reads the bundle first when it loads a hub name (and names them in its interface too).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from aleph._io import (
     atomic_write_json,
     atomic_write_text,
+    fsync_dir,
     read_json_bounded,
     sha256_file,
     work_root,
 )
-from aleph.data.tokenizer import save_pretrained_atomic
 from aleph.errors import DataError
 
 FORMAT = "aleph-offline-bundle"
 VERSION = 1
 MANIFEST = "bundle.json"
 MANIFEST_MAX_BYTES = 16 << 20  # names, revisions and hashes of a few tokenizers and tasks
+# Hub tokenizers pinned to a commit: bert-base-uncased's main-branch snapshot as seen in
+# public caches and scripts since 2024 (E1-FACTS.md, "Pins for evaluation"; not re-checked
+# against the hub from here: a wrong pin fails the download loudly, never silently).
+BERT_BASE_UNCASED_REVISION = "86b5e0934494bd15c9632b12f734a8a67f723594"
+TOKENIZER_PINS = {"bert-base-uncased": BERT_BASE_UNCASED_REVISION,
+                  "google-bert/bert-base-uncased": BERT_BASE_UNCASED_REVISION}
 
 
 def bundle_root() -> Path:
@@ -99,12 +112,48 @@ def tokenizer_dir(name: str, root: Path | None = None) -> Path | None:
     return d
 
 
+MAX_TOKENIZER_FILE_BYTES = 64 << 20  # bert-base-uncased's largest file is ~0.7 MB
+
+
+def tokenizer_files(directory: str | os.PathLike) -> dict[str, str]:
+    """{file name: sha256} of the regular files of a saved tokenizer directory (links and
+    other entries are left out; a file over MAX_TOKENIZER_FILE_BYTES is refused)."""
+    out = {}
+    for entry in sorted(Path(directory).iterdir()):
+        st = entry.lstat()
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        if st.st_size > MAX_TOKENIZER_FILE_BYTES:
+            raise DataError(f"{entry}: {st.st_size:,} bytes, more than a tokenizer file holds "
+                            f"(at most {MAX_TOKENIZER_FILE_BYTES:,})")
+        out[entry.name] = sha256_file(entry)
+    return out
+
+
+def save_pretrained_atomic(tokenizer, out_dir: str | Path) -> Path:
+    """`tokenizer.save_pretrained` into a temporary sibling directory, fsynced, then renamed
+    over `out_dir`: the directory is complete or absent, never half-written."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+        fsync_dir(out_dir.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
 def add_tokenizer(root: Path, name: str, tokenizer, fingerprint: str) -> Path:
     """Save `tokenizer` (fetched as hub name `name`, at its pinned revision when
-    `aleph.data.tokenizer.TOKENIZER_PINS` has one) into the bundle, recording each saved
+    `TOKENIZER_PINS` has one) into the bundle, recording each saved
     file's sha256; its directory."""
-    from aleph.data.tokenizer import TOKENIZER_PINS, tokenizer_files
-
     final = save_pretrained_atomic(tokenizer, root / "tokenizers" / _slug(name))
     _update_manifest(root, "tokenizers", name,
                      {"dir": f"tokenizers/{final.name}", "fingerprint": fingerprint,

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import aleph.data.readers as readers
 from aleph._io import parse_json_bytes, read_chunked, work_root
-from aleph.data import readers
 from aleph.errors import DataError
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".gz")  # a path, not a dataset id
@@ -104,7 +103,7 @@ class CaptionSource:
                 self.shards = [CaptionSource(p, column) for p in readers.shard_files(path)]
                 return
             readers.check_regular(path)  # missing, a FIFO, a device: one line, never a hang
-            self.kind = readers.file_kind(path)
+            self.kind = readers.caption_format(path)
             if self.kind == "parquet":
                 self.parquet_file()  # a non-parquet file or a missing column fails here
         else:
@@ -132,7 +131,7 @@ class CaptionSource:
         else:
             start = 0
             for arr in self._arrow_batches(rows):
-                yield _arrow_strings(arr, self._where(), start)
+                yield _check_arrow(arr, self._where(), start).to_pylist()
                 start += len(arr)
 
     def __iter__(self) -> Iterator[str]:
@@ -279,8 +278,7 @@ class CaptionSource:
             try:
                 data = parse_json_bytes(raw)
             except ValueError as e:
-                why = f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
-                raise DataError(f"{self.path}: {why}") from None
+                raise DataError(f"{self.path}: {readers.json_why(e)}") from None
             if not isinstance(data, list):
                 raise DataError(f"{self.path}: expected a JSON list of objects with a "
                                 f"{self.column!r} field")
@@ -296,21 +294,7 @@ class CaptionSource:
 
     def parquet_file(self):
         """The `pyarrow.parquet.ParquetFile` of a parquet source, its column checked."""
-        import pyarrow.parquet as pq
-
-        # opened by path (Arrow's own file reads), right after a stat that refuses a FIFO
-        # or a device, so the open cannot block
-        readers.check_regular(self.path)
-        try:
-            # buffered reads, no pre-buffering: a row group's column chunk is read page by
-            # page, so memory does not scale with the row group size
-            pf = pq.ParquetFile(self.path, buffer_size=1 << 20, pre_buffer=False)
-        except Exception as e:  # pyarrow raises several types for a non-parquet file
-            raise DataError(f"{self.path}: not a readable parquet file ({e})") from e
-        names = pf.schema_arrow.names
-        if self.column not in names:
-            raise DataError(f"{self.path}: no column {self.column!r}; columns are {names}")
-        return pf
+        return readers.Parquet(self.path, [self.column]).file
 
     def _dataset(self):
         if self._ds is None:
@@ -337,17 +321,7 @@ class CaptionSource:
             for table in ds.iter(batch_size=rows):  # memory-mapped Arrow cache, not a list
                 yield table.column(self.column).combine_chunks()
             return
-        pf = self.parquet_file()
-        it = pf.iter_batches(batch_size=rows, columns=[self.column], use_threads=False)
-        while True:
-            try:
-                rb = next(it)
-            except StopIteration:
-                return
-            except Exception as e:  # a damaged data page after a readable footer
-                why = " ".join(str(e).split())
-                raise DataError(f"{self.path}: column {self.column!r} is not readable "
-                                f"({type(e).__name__}: {why})") from e
+        for rb in readers.Parquet(self.path, [self.column]).batches([self.column], rows):
             yield rb.column(0)
 
 
@@ -426,10 +400,6 @@ def _check_arrow(arr, where: str, start: int):
         i = pc.index(arr.is_null(), True).as_py()
         raise DataError(f"{where}: row {start + i} is NoneType, expected a string")
     return arr
-
-
-def _arrow_strings(arr, where: str, start: int) -> list[str]:
-    return _check_arrow(arr, where, start).to_pylist()
 
 
 def check_aligned(token_rows: int, target_rows: int, token_source: str = "token store",

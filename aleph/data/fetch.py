@@ -31,8 +31,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aleph.data.fetch_http as fetch_http
+import aleph.data.readers as readers
 from aleph._io import atomic_write_json, fsync_dir, read_json_record, work_root
-from aleph.data import fetch_http, readers
 from aleph.data.fetch_http import FetchLimits
 from aleph.errors import DataError
 
@@ -54,22 +55,17 @@ def captions_dir() -> Path:
     return work_root() / "data" / "e1"
 
 
-def _sha256(path: Path) -> tuple[int, str]:
-    h, size = hashlib.sha256(), 0
-    with readers.open_regular(path, "captions file") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-            size += len(block)
-    return size, h.hexdigest()
-
-
 def _verify(path: Path, size: int, sha256: str) -> str | None:
-    """None when `path` has `size` bytes and that sha256, else what differs."""
-    have = os.stat(path).st_size
+    """None when `path` (a regular file, else a DataError) has `size` bytes and that
+    sha256, else what differs."""
+    have = readers.check_regular(path).st_size
     if have != size:
         return f"{have:,} bytes, expected {size:,}"
-    _, digest = _sha256(path)
-    return None if digest == sha256 else f"sha256 {digest}, expected {sha256}"
+    h = hashlib.sha256()
+    with readers.open_regular(path) as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return None if h.hexdigest() == sha256 else f"sha256 {h.hexdigest()}, expected {sha256}"
 
 
 def _expected_sha256(given: str | None, repo: str, filename: str, revision: str) -> str | None:
@@ -153,7 +149,6 @@ def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIO
                             f"{expect} ({_expect_source(expect_sha256)}); the record and its file "
                             "are not this file: move them away and fetch again")
     if record is not None and os.path.lexists(final):
-        readers.check_regular(final)
         bad = _verify(final, record["size"], record["sha256"])
         if bad:
             raise DataError(f"{final}: {bad} (its record {record_path.name}, commit "
@@ -181,7 +176,6 @@ def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIO
     entry = {"repo": repo, "file": filename, "revision": revision, **hub,
              "licence": CAPTIONS_LICENCE}
     if os.path.lexists(final):  # a copy placed without its record: kept only if it is this file
-        readers.check_regular(final)
         bad = _verify(final, hub["size"], hub["sha256"])
         if bad:
             raise DataError(f"{final} exists without a record and is not {repo}/{filename} at "

@@ -17,7 +17,6 @@ regular file is refused in one line before a byte is written, and never removed.
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import re
@@ -30,7 +29,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
-from aleph._io import file_kind
+from aleph._io import NotRegularFile, file_kind, open_write_nofollow
 from aleph.errors import ConfigError, DataError
 
 ENV_PREFIX = "ALEPH_FETCH_"  # ALEPH_FETCH_DEADLINE_S=30 overrides FetchLimits.deadline_s
@@ -186,32 +185,22 @@ def file_record(url: str, what: str, limits: FetchLimits) -> dict:
     return {"commit": commit, "size": int(size_text), "sha256": etag}
 
 
+def _not_ours(part: Path, kind: str) -> DataError:
+    return DataError(f"partial download {part} is {kind}; expected a regular file this "
+                     "command wrote (it is left as it is: move it away)")
+
+
 def open_partial(part: Path, resume: bool) -> int:
-    """A write fd of the partial file `part`: created if missing, never through a symlink
-    (O_NOFOLLOW), never blocking on a FIFO (O_NONBLOCK), a regular file checked by fstat
-    before anything is written; appended to when `resume`, else emptied. A path that is not
-    a regular file is a DataError (and is left as it is)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    """A write fd of the partial file `part` (`aleph._io.open_write_nofollow`: created if
+    missing, never through a symlink, never blocking on a FIFO, a regular file checked by
+    fstat before anything is written); appended to when `resume`, else emptied. A path that
+    is not a regular file is a DataError (and is left as it is)."""
     try:
-        fd = os.open(part, flags | (os.O_APPEND if resume else 0), 0o644)
+        return open_write_nofollow(part, append=resume, truncate=not resume)
+    except NotRegularFile as e:
+        raise _not_ours(part, e.kind) from None
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            kind = "a symbolic link"
-        elif e.errno == errno.ENXIO:  # a FIFO without a reader: O_NONBLOCK refuses at once
-            kind = "a FIFO"
-        else:
-            raise DataError(f"partial download {part}: cannot open ({e.strerror})") from None
-        raise DataError(f"partial download {part} is {kind}; expected a regular file this "
-                        "command wrote (it is left as it is: move it away)") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise DataError(f"partial download {part} is {file_kind(st.st_mode)}; expected a "
-                        "regular file this command wrote (it is left as it is: move it away)")
-    if not resume:
-        os.ftruncate(fd, 0)
-    os.set_blocking(fd, True)
-    return fd
+        raise DataError(f"partial download {part}: cannot open ({e.strerror})") from None
 
 
 def partial_size(part: Path) -> int:
@@ -221,8 +210,7 @@ def partial_size(part: Path) -> int:
     except FileNotFoundError:
         return 0
     if not stat.S_ISREG(st.st_mode):
-        raise DataError(f"partial download {part} is {file_kind(st.st_mode)}; expected a "
-                        "regular file this command wrote (it is left as it is: move it away)")
+        raise _not_ours(part, file_kind(st.st_mode))
     return st.st_size
 
 

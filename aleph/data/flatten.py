@@ -25,8 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from aleph._io import file_mode, fsync_dir
-from aleph.data import readers
+import aleph.data.readers as readers
+from aleph._io import file_mode, fsync_dir, open_regular
 from aleph.errors import DataError
 
 ORDERS = ("record", "field")
@@ -62,7 +62,7 @@ def source_files(source: str | os.PathLike) -> list[Path]:
     if p.is_dir():
         return readers.shard_files(p)
     readers.check_regular(p, "captions source")
-    kind = readers.file_kind(p)
+    kind = readers.caption_format(p)
     if kind not in ("jsonl", "parquet"):
         raise DataError(f"captions source {p}: a {kind} file holds no records with fields; "
                         "expected .jsonl, .jsonl.gz, .parquet or a directory of them")
@@ -74,7 +74,11 @@ def record_batches(files: Sequence[Path], fields: Sequence[str],
     """{field: [value or None per record]} for consecutive batches of records, in order."""
     for path in files:
         if path.name.endswith(".parquet"):
-            yield from _parquet_batches(path, fields, batch)
+            pf = readers.Parquet(path, what="captions shard")
+            present = [f for f in fields if f in pf.names]  # a field it lacks is None
+            for rb in pf.batches(present, batch):
+                yield {f: rb.column(f).to_pylist() if f in present else [None] * rb.num_rows
+                       for f in fields}
             continue
         cols: dict[str, list] = {f: [] for f in fields}
         for n, obj in readers.jsonl_objects(path):
@@ -88,24 +92,6 @@ def record_batches(files: Sequence[Path], fields: Sequence[str],
                 cols = {f: [] for f in fields}
         if cols[fields[0]]:
             yield cols
-
-
-def _parquet_batches(path: Path, fields: Sequence[str], batch: int) -> Iterator[dict[str, list]]:
-    import pyarrow.parquet as pq
-
-    readers.check_regular(path, "captions shard")  # stat first: the open below cannot block
-    try:
-        pf = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
-        present = [f for f in fields if f in pf.schema_arrow.names]
-        it = pf.iter_batches(batch_size=batch, columns=present or None, use_threads=False)
-        for rb in it:
-            n = rb.num_rows
-            yield {f: (rb.column(f).to_pylist() if f in present else [None] * n) for f in fields}
-    except DataError:
-        raise
-    except Exception as e:  # pyarrow raises several types for a damaged or foreign file
-        why = " ".join(str(e).split())
-        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {why})") from e
 
 
 def parse_fields(text: str) -> list[str]:
@@ -143,11 +129,8 @@ class _Writer:
         self.flush()
         self.writer.add_key_value_metadata({META_KEY: json.dumps(meta, sort_keys=True)})
         self.writer.close()
-        fd = os.open(self.tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # our mkstemp file
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with os.fdopen(open_regular(self.tmp, follow=False), "rb") as f:  # our mkstemp file
+            os.fsync(f.fileno())
         os.chmod(self.tmp, file_mode())  # as open() would make it, not mkstemp's 0o600
         os.link(self.tmp, self.out)  # never replaces a file that appeared meanwhile
         os.unlink(self.tmp)
@@ -165,12 +148,9 @@ def same_flatten(source: str | os.PathLike, fields: Sequence[str], out: str | os
     """The recorded result when `out` already holds this very flatten: its `aleph.flatten`
     recipe names the same source, shards, fields, order and min_chars, and no shard was
     modified after `out` was written. None otherwise (no file, another recipe, unreadable)."""
-    import pyarrow.parquet as pq
-
     out = Path(out).expanduser()
     try:
-        readers.check_regular(out, "--out")
-        meta = json.loads((pq.read_metadata(out).metadata or {})[META_KEY])
+        meta = json.loads((readers.Parquet(out, what="--out").file.metadata.metadata or {})[META_KEY])
         files = source_files(source)
         newest = max(p.stat().st_mtime_ns for p in files)
         written = out.stat().st_mtime_ns

@@ -1,29 +1,32 @@
 """Untrusted caption files, opened safely: regular files only, gzip streams, shard directories.
 
 Every caption input (a single file, each shard of a directory) goes through
-`open_stream`: it is opened with O_NONBLOCK and checked with fstat before a byte is read,
-so a FIFO, a device or a directory is refused in one line instead of blocking the
-reader; a `.gz` file is decompressed as a stream (`.txt.gz`, `.jsonl.gz`), and a damaged
-or truncated gzip stream is a DataError naming the file, never a traceback. Lines are read
-with a bound (`MAX_LINE_BYTES`), so a file without newlines (or a gzip bomb of one line)
-cannot take the memory. `shard_files` lists a directory's shards in name order, refusing
-a symlink that leads out of the directory and numbers whose name order differs from
-their numeric order.
+`open_regular` (`Stream` reads it): checked by stat, opened by `aleph._io.open_regular`
+with O_NONBLOCK and checked with fstat before a byte is read, so a FIFO, a device or a
+directory is refused in one line instead of blocking the reader; a `.gz` file is
+decompressed as a stream (`.txt.gz`, `.jsonl.gz`), and a damaged or truncated gzip stream
+is a DataError naming the file, never a traceback. Lines are read with a bound
+(`MAX_LINE_BYTES`), so a file without newlines (or a gzip bomb of one line) cannot take
+the memory. A parquet file is read through `Parquet` (the same stat check, page-sized
+buffered reads, one-line errors). `shard_files` lists a directory's shards in name order,
+refusing a symlink that leads out of the directory and numbers whose name order differs
+from their numeric order.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
 import re
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from aleph._io import file_kind as file_kind_of_mode
-from aleph._io import parse_json_bytes
+from aleph import _io
+from aleph._io import NotRegularFile, number_order_clash, parse_json_bytes
 from aleph.errors import DataError
 
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")  # what a shard directory may hold
@@ -32,35 +35,37 @@ MAX_LINE_BYTES = 16 << 20  # one caption line or JSONL record, at most
 _GZ_ERRORS = (OSError, EOFError, zlib.error)  # BadGzipFile is an OSError; truncation EOFError
 
 
+def _refused(path: str | os.PathLike, what: str, e: OSError, doing: str) -> DataError:
+    """The one line for an input that cannot be read: missing, not a regular file (what
+    it is instead), or the system's reason for refusing `doing` it."""
+    if isinstance(e, NotRegularFile):
+        return DataError(f"{what} {path} is {e.kind}; expected a regular file")
+    if e.errno == errno.ENOENT:
+        return DataError(f"{what} {path} does not exist")
+    return DataError(f"{what} {path}: cannot {doing} ({e.strerror})")
+
+
 def check_regular(path: str | os.PathLike, what: str = "captions file") -> os.stat_result:
     """os.stat of `path` (following symlinks), or a DataError when it is missing or not a
     regular file. stat never blocks, so a FIFO is told apart before anything opens it."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        raise DataError(f"{what} {path} does not exist") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(path, st.st_mode)
     except OSError as e:
-        raise DataError(f"{what} {path}: cannot stat ({e.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise DataError(f"{what} {path} is {file_kind_of_mode(st.st_mode)}; expected a regular file")
+        raise _refused(path, what, e, "stat") from None
     return st
 
 
 def open_regular(path: str | os.PathLike, what: str = "captions file"):
-    """A binary file object of the regular file `path`. Checked by stat, then opened with
-    O_NONBLOCK and checked again with fstat (the path may have been swapped for a FIFO in
-    between): opening never blocks and nothing but a regular file is ever read."""
+    """A binary file object of the regular file `path`: checked by stat (a device or FIFO
+    is never opened), then opened by `aleph._io.open_regular` (O_NONBLOCK, and fstat of
+    what was opened: the path may have been swapped for a FIFO in between)."""
     check_regular(path, what)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return os.fdopen(_io.open_regular(path), "rb")
     except OSError as e:
-        raise DataError(f"{what} {path}: cannot open ({e.strerror})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise DataError(f"{what} {path} is {file_kind_of_mode(st.st_mode)}; expected a regular file")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+        raise _refused(path, what, e, "open") from None
 
 
 class Stream:
@@ -113,9 +118,50 @@ class Stream:
         self.close()
 
 
-def file_kind(path: Path) -> str:
-    """'txt', 'jsonl', 'json' or 'parquet' for a caption file (a .gz by its inner suffix),
-    or a DataError naming the suffixes understood."""
+class Parquet:
+    """A parquet file of captions or records, read by record batches: opened by path
+    (Arrow's own reads) right after `check_regular`, so the open cannot block on a FIFO or
+    a device; buffered reads without pre-buffering, so a row group's column chunk is read
+    page by page and memory does not scale with the row group's size. A file that is not
+    parquet, a missing column in `columns`, a page that cannot be read: one-line DataErrors
+    naming the file."""
+
+    def __init__(self, path: str | os.PathLike, columns: Sequence[str] = (),
+                 what: str = "captions file") -> None:
+        import pyarrow.parquet as pq
+
+        self.path = Path(path)
+        check_regular(path, what)
+        try:
+            self.file = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+        except Exception as e:  # pyarrow raises several types for a damaged or foreign file
+            raise DataError(f"{path}: not a readable parquet file ({_arrow_why(e)})") from None
+        self.names = self.file.schema_arrow.names
+        if missing := [c for c in columns if c not in self.names]:
+            raise DataError(f"{path}: no column {missing[0]!r}; columns are {self.names}")
+
+    def batches(self, columns: list[str], rows: int) -> Iterator:
+        """pyarrow RecordBatches of `columns`, at most `rows` rows each (no columns: one
+        per row group, of its row count), in row order, read on this thread."""
+        it = self.file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
+        while True:
+            try:
+                rb = next(it)
+            except StopIteration:
+                return
+            except Exception as e:  # a damaged data page after a readable footer
+                cols = f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {columns} are"
+                raise DataError(f"{self.path}: {cols} not readable ({_arrow_why(e)})") from None
+            yield rb
+
+
+def _arrow_why(e: Exception) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"  # Arrow's messages span lines
+
+
+def caption_format(path: Path) -> str:
+    """The format of a caption file by its name: 'txt', 'jsonl', 'json' or 'parquet' (a
+    .gz by its inner suffix), or a DataError naming the suffixes understood."""
     name = path.name
     inner = Path(name[:-3]).suffix if name.endswith(".gz") else path.suffix
     allowed = (".txt", ".jsonl", ".json", ".parquet") if not name.endswith(".gz") else GZ_INNER
@@ -124,10 +170,6 @@ def file_kind(path: Path) -> str:
                         ".parquet, .txt.gz or .jsonl.gz (or a directory of "
                         f"{'/'.join(SHARD_SUFFIXES)} shards)")
     return inner[1:]
-
-
-def _natural_key(name: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 def shard_files(directory: str | os.PathLike) -> list[Path]:
@@ -145,11 +187,9 @@ def shard_files(directory: str | os.PathLike) -> list[Path]:
     if not names:
         raise DataError(f"captions directory {d} holds no caption shards; expected files "
                         f"ending in {', '.join(SHARD_SUFFIXES)}, read in name order")
-    by_number = sorted(names, key=_natural_key)
-    if by_number != names:
-        k = next(i for i, (a, b) in enumerate(zip(names, by_number, strict=True)) if a != b)
+    if clash := number_order_clash(names):
         raise DataError(f"captions directory {d}: shard names sort differently by name "
-                        f"({names[k]} first) and by number ({by_number[k]} first), so their "
+                        f"({clash[0]} first) and by number ({clash[1]} first), so their "
                         "row order is ambiguous; zero-pad the numbers (shard_002, not shard_2)")
     real_dir = os.path.realpath(d)
     out = []
@@ -185,14 +225,15 @@ def parse_json_line(raw: bytes, where: str) -> object:
         obj = parse_json_bytes(raw)
     except ValueError as e:
         hint = " (NUL bytes: UTF-16 or UTF-32 text?)" if b"\0" in raw and "UTF" not in str(e) else ""
-        raise DataError(f"{where}: {_json_why(e)}{hint}; expected one UTF-8 JSON record per "
+        raise DataError(f"{where}: {json_why(e)}{hint}; expected one UTF-8 JSON record per "
                         "line") from None
     if SURROGATE_ESCAPE.search(raw):  # rare: only then is every string checked
         check_unicode(obj, where)
     return obj
 
 
-def _json_why(e: ValueError) -> str:
+def json_why(e: ValueError) -> str:
+    """Why `aleph._io.parse_json_bytes` refused: 'invalid JSON (...)' or its own line."""
     return f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
 
 

@@ -95,10 +95,10 @@ def _manifest_ok(root: Path, rows: int, seed: int) -> bool:
         for rel, digest in files.items())
 
 
-def _files(root: Path) -> tuple[Path, list[Path], Path]:
-    man = read_json(root / "smoke.json")
-    chunks = [root / f"targets/chunk-{i:03d}.pt" for i in range(len(man["chunk_rows"]))]
-    return root / "captions.txt", chunks, root / "tokenizer"
+def _smoke_data(root: Path, rows: int) -> SmokeData:
+    chunks = len(read_json(root / "smoke.json")["chunk_rows"])
+    return SmokeData(root / "captions.txt", [root / f"targets/chunk-{i:03d}.pt" for i in
+                                             range(chunks)], root / "tokenizer", rows)
 
 
 def default_root(rows: int = 4096, seed: int = 0) -> Path:
@@ -127,8 +127,7 @@ def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> Smok
         lock = os.fdopen(open_write_nofollow(root.parent / f".{root.name}.lock", append=True), "a")
     except OSError as e:
         if _manifest_ok(root, rows, seed):  # an intact set on a read-only volume: use it
-            captions, chunks, tok = _files(root)
-            return SmokeData(captions=captions, target_chunks=chunks, tokenizer_dir=tok, rows=rows)
+            return _smoke_data(root, rows)
         raise DataError(f"smoke data root {root}: cannot create it or its lock file beside it "
                         f"({e.strerror}); expected a writable directory") from None
     with lock:
@@ -141,8 +140,7 @@ def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> Smok
                 _swap_in(stage, root)
             finally:
                 shutil.rmtree(stage, ignore_errors=True)
-        captions, chunks, tok = _files(root)
-    return SmokeData(captions=captions, target_chunks=chunks, tokenizer_dir=tok, rows=rows)
+        return _smoke_data(root, rows)
 
 
 def _check_replaceable(root: Path) -> None:

@@ -9,23 +9,27 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from aleph._io import file_kind, fsync_dir, sha256_json, work_root
+from aleph._io import file_kind, sha256_json, work_root
+from aleph.data.bundle import (
+    TOKENIZER_PINS,
+    fetch_hint,
+    save_pretrained_atomic,
+    tokenizer_dir,
+    tokenizer_files,
+)
 from aleph.errors import DataError
 
+# The pins and a saved tokenizer directory's helpers live in aleph.data.bundle (the offline
+# bundle records them; it sits below this module); they are part of this module's interface.
+__all__ = ["SPECIALS", "TOKENIZER_PINS", "configure_threads", "load_tokenizer",
+           "save_pretrained_atomic", "tokenizer_files", "tokenizer_fingerprint",
+           "tokenizer_threads", "train_wordpiece", "wordpiece_vocab"]
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
-# Hub tokenizers pinned to a commit: bert-base-uncased's main-branch snapshot as seen in
-# public caches and scripts since 2024 (E1-FACTS.md, "Pins for evaluation"; not re-checked
-# against the hub from here: a wrong pin fails the download loudly, never silently).
-BERT_BASE_UNCASED_REVISION = "86b5e0934494bd15c9632b12f734a8a67f723594"
-TOKENIZER_PINS = {"bert-base-uncased": BERT_BASE_UNCASED_REVISION,
-                  "google-bert/bert-base-uncased": BERT_BASE_UNCASED_REVISION}
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] = 0, as ModelConfig.pad_id
 
 
@@ -59,8 +63,6 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
     elif _looks_like_path(name) or isinstance(name_or_dir, Path):
         raise DataError(f"tokenizer directory {name!r} does not exist")
     else:
-        from aleph.data.bundle import tokenizer_dir
-
         bundled = tokenizer_dir(name) if use_bundle else None  # the offline bundle first
         if bundled is not None:
             source, kwargs = str(bundled), {}
@@ -93,8 +95,6 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
         elif source != name:
             hint = f" (the offline bundle's copy {source}; re-run `aleph data fetch` or copy it again)"
         else:
-            from aleph.data.bundle import fetch_hint
-
             hint = (" (a hub name: needs network access, a copy already in the cache (HF_HUB_OFFLINE=1 "
                     f"forbids downloads), {fetch_hint()})")
         first = " ".join(str(e).split()) or type(e).__name__
@@ -144,26 +144,6 @@ def configure_threads() -> str:
     n = tokenizer_threads()
     os.environ["RAYON_NUM_THREADS"] = str(n)
     return f"tokenizer threads: {n} (CPU affinity and cgroup quota)"
-
-
-MAX_TOKENIZER_FILE_BYTES = 64 << 20  # bert-base-uncased's largest file is ~0.7 MB
-
-
-def tokenizer_files(directory: str | os.PathLike) -> dict[str, str]:
-    """{file name: sha256} of the regular files of a saved tokenizer directory (links and
-    other entries are left out; a file over MAX_TOKENIZER_FILE_BYTES is refused)."""
-    from aleph._io import sha256_file
-
-    out = {}
-    for entry in sorted(Path(directory).iterdir()):
-        st = entry.lstat()
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        if st.st_size > MAX_TOKENIZER_FILE_BYTES:
-            raise DataError(f"{entry}: {st.st_size:,} bytes, more than a tokenizer file holds "
-                            f"(at most {MAX_TOKENIZER_FILE_BYTES:,})")
-        out[entry.name] = sha256_file(entry)
-    return out
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -218,23 +198,3 @@ def train_wordpiece(captions: Iterable[str], out_dir: str | Path, vocab_size: in
     bert = BertTokenizer(vocab=wordpiece_vocab(captions, vocab_size), do_lower_case=True,
                          model_max_length=512)
     return save_pretrained_atomic(bert, out_dir)
-
-
-def save_pretrained_atomic(tokenizer, out_dir: str | Path) -> Path:
-    """`tokenizer.save_pretrained` into a temporary sibling directory, fsynced, then renamed
-    over `out_dir`: the directory is complete or absent, never half-written."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        tokenizer.save_pretrained(str(tmp))
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-        fsync_dir(out_dir.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir

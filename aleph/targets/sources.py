@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import pickle
-import re
 import stat
 import struct
 import warnings
@@ -31,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aleph._io import file_kind, sha256_json
+from aleph._io import file_kind, number_order_clash, sha256_json
 from aleph.errors import StoreError
-from aleph.targets.format import DTYPES, TORCH_RAW, dtype_entry, torch_dtype_name
+from aleph.targets.format import DTYPES, TORCH_RAW, torch_dtype_name
 
 SUFFIXES = (".pt", ".npy", ".safetensors")
 _NPY_DTYPES = {"<f2": "float16", "<f4": "float32"}
@@ -72,10 +71,6 @@ def _stat(path: str) -> os.stat_result:
     return st
 
 
-def _natural_key(name: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
 def chunk_files_in(directory: str | os.PathLike) -> list[str]:
     """The chunk files of a directory, in name order (the trainer's order: row order).
 
@@ -89,12 +84,10 @@ def chunk_files_in(directory: str | os.PathLike) -> list[str]:
         raise StoreError(f"{directory}: cannot list the chunk directory ({e.strerror})") from None
     if not names:
         raise StoreError(f"{directory}: directory holds no chunk files ({', '.join(SUFFIXES)})")
-    by_number = sorted(names, key=_natural_key)
-    if by_number != names:
-        k = next(i for i, (a, b) in enumerate(zip(names, by_number, strict=True)) if a != b)
+    if clash := number_order_clash(names):
         raise StoreError(
-            f"{directory}: chunk file names sort differently by name ({names[k]} first) and by "
-            f"number ({by_number[k]} first), so their row order is ambiguous; zero-pad the "
+            f"{directory}: chunk file names sort differently by name ({clash[0]} first) and by "
+            f"number ({clash[1]} first), so their row order is ambiguous; zero-pad the "
             "numbers (chunk_002, not chunk_2: name order is row order, as the trainer reads "
             "them) or pass the files one by one in row order")
     return [os.path.join(directory, n) for n in names]
@@ -305,7 +298,3 @@ def open_chunk(info: ChunkInfo) -> Iterator[np.ndarray]:
     # (rows, dim) -> same bits as signed ints -> numpy unsigned view; copies only if
     # the saved tensor was not contiguous.
     yield t.contiguous().view(TORCH_RAW[t.element_size()]).numpy().view(raw)
-
-
-def dtype_of(info: ChunkInfo) -> torch.dtype:
-    return dtype_entry(info.dtype, info.path)[0]

@@ -161,3 +161,22 @@ def test_e1_preset_choice_reads_from_and_writes_to_the_e1_data_dir(tmp_path):
     r = subprocess.run([sys.executable, "-m", "aleph", "data", "captions", "--fields", "x"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and "SRC, --out required" in r.stderr
+
+
+def test_a_damaged_parquet_shard_is_one_line_naming_the_file_and_columns(tmp_path):
+    # the reader captions use (readers.Parquet): the same one-line error for a page that
+    # cannot be read after a readable footer, naming the columns asked for
+    src = tmp_path / "s.parquet"
+    recs = [{f: r.get(f) for f in FIELDS} for r in cc12m_records(1000)]  # their pages first
+    pq.write_table(pa.Table.from_pylist(recs), src, compression="none")
+    data = bytearray(src.read_bytes())
+    for i in range(4, 400):  # the first data pages; the footer stays readable
+        data[i] ^= 0xFF
+    src.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"s\.parquet: columns \['caption_llava', "
+                                        r"'caption_llava_short'\] are not readable") as e:
+        flatten_captions(src, FIELDS, tmp_path / "o.parquet")
+    assert "\n" not in str(e.value) and not (tmp_path / "o.parquet").exists()
+    (tmp_path / "t.parquet").write_bytes(b"PAR1 not parquet PAR1")
+    with pytest.raises(DataError, match=r"t\.parquet: not a readable parquet file \(\w+: "):
+        flatten_captions(tmp_path / "t.parquet", FIELDS, tmp_path / "o.parquet")

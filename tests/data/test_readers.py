@@ -4,10 +4,12 @@ directory and in an unambiguous name order."""
 
 from __future__ import annotations
 
+import ast
 import gzip
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +115,35 @@ def test_shards_stay_inside_and_in_unambiguous_order(tmp_path):
     (f / "s-0.jsonl").mkdir()
     with pytest.raises(DataError, match=r"s-0\.jsonl is a directory; expected a regular file"):
         open_captions(f)
+
+
+def test_files_are_opened_for_reading_by_one_helper():
+    """One implementation of the untrusted open (O_NONBLOCK, then fstat): aleph._io's
+    open_regular, which readers.open_regular builds on; no module of aleph/data calls
+    os.open to read a file by itself."""
+    data = Path(readers.__file__).parent
+    own = [f"{p.name}:{n.lineno}" for p in sorted(data.glob("*.py"))
+           for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+           if isinstance(n, ast.Call) and ast.unparse(n.func) == "os.open"
+           and "O_RDONLY" in ast.unparse(n)]
+    assert own == []
+
+
+def test_caption_format_is_told_by_the_name():
+    names = ("a.txt", "a.jsonl.gz", "a.json", "a.parquet", "a.txt.gz")
+    assert [readers.caption_format(Path(n)) for n in names] == ["txt", "jsonl", "json",
+                                                                "parquet", "txt"]
+    with pytest.raises(DataError, match=r"a\.json\.gz: unsupported type"):
+        readers.caption_format(Path("a.json.gz"))  # a .json list is parsed whole: never gzipped
+
+
+def test_parquet_is_opened_by_one_reader():
+    """readers.Parquet is aleph/data's one parquet opener (captions, flatten, align read
+    through it), with the bounds that keep a row group's memory page-sized."""
+    data = Path(readers.__file__).parent
+    calls = {f"{p.name}": ast.unparse(n) for p in sorted(data.glob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+             if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(("ParquetFile",
+                                                                          "read_metadata"))}
+    assert list(calls) == ["readers.py"]
+    assert "buffer_size=1 << 20" in calls["readers.py"] and "pre_buffer=False" in calls["readers.py"]

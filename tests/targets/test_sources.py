@@ -142,3 +142,13 @@ def test_malformed_safetensors_header_is_a_store_error(tmp_path, header, data, w
     path.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * data)
     with pytest.raises(StoreError, match=rf"m\.safetensors: .*{what}"):
         inspect_chunk(path)
+
+
+def test_chunk_names_whose_number_order_differs_are_refused(tmp_path):
+    from aleph.targets.sources import chunk_files_in
+
+    for n in ("chunk_2.npy", "chunk_10.npy"):
+        (tmp_path / n).write_bytes(b"")
+    with pytest.raises(StoreError, match=r"sort differently by name \(chunk_10\.npy first\) "
+                                         r"and by number \(chunk_2\.npy first\)"):
+        chunk_files_in(tmp_path)
