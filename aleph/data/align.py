@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from aleph.data.captions import CaptionSource, check_aligned, open_captions
+from aleph.data.captions import CaptionSource, check_row_counts, open_captions
 from aleph.errors import DataError
 
 FEATURE_DIM = 4096  # hashed feature buckets
@@ -221,7 +221,7 @@ def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
 
     rows = captions.count_rows()
     target_rows = sum(i.rows for i in describe_sources(targets))
-    check_aligned(rows, target_rows, f"captions {captions.name}", target_desc)
+    check_row_counts(rows, target_rows, f"captions {captions.name}", target_desc)
     blocks = sample_blocks(rows, sample)
     cap_idx = np.concatenate([np.arange(s, s + n) for s, n in blocks])
     tgt_idx = np.concatenate([np.arange(s - PAD, s + n + PAD) for s, n in blocks])

@@ -1,7 +1,7 @@
 """Caption sources: local text/JSON/JSONL/parquet files (.txt and .jsonl also gzipped), a
 directory of .jsonl/.jsonl.gz/.parquet shards, or a Hugging Face dataset id.
 
-Row i of the captions is the text of target row i; `check_aligned` makes a count
+Row i of the captions is the text of target row i; `check_row_counts` makes a count
 mismatch an error before any training step (`aleph.data.align` checks the pairing itself).
 
 A real run has 31.9M captions (about 18 GB of text, some 65 GB as Python strings), so
@@ -402,8 +402,8 @@ def _check_arrow(arr, where: str, start: int):
     return arr
 
 
-def check_aligned(token_rows: int, target_rows: int, token_source: str = "token store",
-                  target_source: str = "target store") -> None:
+def check_row_counts(token_rows: int, target_rows: int, token_source: str = "token store",
+                     target_source: str = "target store") -> None:
     """Captions and targets are aligned by row: their counts must be equal."""
     if token_rows != target_rows:
         raise DataError(

@@ -15,20 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from aleph._io import file_kind, sha256_json, work_root
-from aleph.data.bundle import (
-    TOKENIZER_PINS,
-    fetch_hint,
-    save_pretrained_atomic,
-    tokenizer_dir,
-    tokenizer_files,
-)
+from aleph.data.bundle import TOKENIZER_PINS, fetch_hint, save_pretrained_atomic, tokenizer_dir
 from aleph.errors import DataError
 
-# The pins and a saved tokenizer directory's helpers live in aleph.data.bundle (the offline
-# bundle records them; it sits below this module); they are part of this module's interface.
-__all__ = ["SPECIALS", "TOKENIZER_PINS", "configure_threads", "load_tokenizer",
-           "save_pretrained_atomic", "tokenizer_files", "tokenizer_fingerprint",
-           "tokenizer_threads", "train_wordpiece", "wordpiece_vocab"]
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] = 0, as ModelConfig.pad_id
 

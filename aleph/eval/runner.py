@@ -60,8 +60,8 @@ def tokenizer_record(config: dict, tok_dir: Path, tokenizer) -> dict:
     with, the commit this code pins that name to (None when unpinned), the definition's
     fingerprint, each file's sha256, and whether the fingerprint equals the offline bundle's
     copy of that name (None when no bundle holds it)."""
-    from aleph.data.bundle import read_manifest
-    from aleph.data.tokenizer import TOKENIZER_PINS, tokenizer_files, tokenizer_fingerprint
+    from aleph.data.bundle import TOKENIZER_PINS, read_manifest, tokenizer_files
+    from aleph.data.tokenizer import tokenizer_fingerprint
 
     name = config.get("tokenizer") or ("smoke data tokenizer" if config.get("smoke_data") else "")
     fp = tokenizer_fingerprint(tokenizer)

@@ -179,7 +179,8 @@ def fill_bundle(root: Path, tokenizers: list[str], names: list[str], say) -> int
     """Fill the offline bundle `root` from the hub (`aleph data fetch`): each tokenizer and
     each hub task's test pairs at its pinned revision; returns the bundle's size in bytes."""
     from aleph.data import bundle
-    from aleph.data.tokenizer import TOKENIZER_PINS, load_tokenizer, tokenizer_fingerprint
+    from aleph.data.bundle import TOKENIZER_PINS
+    from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
     unknown = [n for n in names if n not in HF_TASKS]
     if unknown:

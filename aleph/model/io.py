@@ -17,26 +17,21 @@ from aleph.model.encoder import AlephEncoder, build_model
 WEIGHTS = "model.safetensors"
 CONFIG = "model_config.json"
 CONFIG_MAX_BYTES = 1 << 20  # a model config is ~20 fields; a pulled one may be anything
-_COMPILED_PREFIX = "_orig_mod."  # torch.compile's wrapper prefixes every key with this
 
 
 def _plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The uncompiled module's state dict, contiguous CPU tensors, no `_orig_mod.` prefix."""
-    model = getattr(model, "_orig_mod", model)
-    out = {}
-    for key, value in model.state_dict().items():
-        key = key.replace(_COMPILED_PREFIX, "")
-        out[key] = value.detach().to("cpu").contiguous()
-    return out
+    """The module's state dict as contiguous CPU tensors (the trainer compiles in place,
+    `model.compile()`, so the keys carry no wrapper prefix)."""
+    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
 
 
 def save_weights(model: torch.nn.Module, out_dir: str | Path) -> Path:
-    """Write the weights and config of `model` (compiled or not) into `out_dir`.
+    """Write the weights and config of `model` (compiled in place or not) into `out_dir`.
 
     The config is written last: a directory whose config is present has complete weights.
     """
     out_dir = Path(out_dir)
-    cfg: ModelConfig = getattr(model, "_orig_mod", model).config
+    cfg: ModelConfig = model.config
     blob = safetensors.torch.save(_plain_state_dict(model), metadata={"arm": cfg.arm})
     atomic_write_bytes(out_dir / WEIGHTS, blob)
     atomic_write_json(out_dir / CONFIG, cfg.to_dict())

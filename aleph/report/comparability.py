@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from aleph.data.tokenizer import TOKENIZER_PINS
+from aleph.data.bundle import TOKENIZER_PINS
 from aleph.eval.tasks import E1_PAIRS, E1_TASKS, HF_TASKS
 from aleph.record.launch import NUMERIC_CONFIG_FIELDS
 from aleph.train.config import OPERATIONAL, PRESETS, TrainConfig

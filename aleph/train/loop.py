@@ -22,6 +22,7 @@ import torch
 from aleph._io import sha256_json
 from aleph.errors import AlephError
 from aleph.model.io import save_weights
+from aleph.record.launch import NOTHING_TO_TRAIN
 from aleph.record.layout import RunLayout
 from aleph.train import checkpoint as ckpt
 from aleph.train import outputs, prefetch
@@ -49,7 +50,7 @@ def train_loop(t: Trainer) -> tuple[str, str]:
     if t.pos.step >= t.total_steps:
         t.log(f"run already complete at step {t.pos.step}; nothing to train")
         finish(t, None)
-        return "complete", outputs.NOTHING_TO_TRAIN
+        return "complete", NOTHING_TO_TRAIN
     rep, batches = Reporter(t, t.pos.step), None
     try:
         batches = start_prefetch(t)

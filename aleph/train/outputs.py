@@ -14,19 +14,7 @@ from typing import Any
 
 from aleph._io import atomic_write_json, read_json
 from aleph.record import heartbeat, layout, provenance
-from aleph.record.launch import (  # noqa: F401  (re-exported: the trainer's statuses)
-    ACTIONS,
-    COMPLETE,
-    FAILED,
-    LOST,
-    NOTHING,
-    NOTHING_TO_TRAIN,
-    RESUMED,
-    RUNNING,
-    STATUSES,
-    STOPPED,
-    TRAINED,
-)
+from aleph.record.launch import ACTIONS, LOST, NOTHING, RESUMED, RUNNING, STATUSES, TRAINED
 from aleph.record.layout import RunLayout
 from aleph.train.identity import hostname, utc_now
 

@@ -160,7 +160,7 @@ def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: Non
     line per check (and progress lines with counts and an ETA while the captions are
     hashed), so a minute of checks on E1's 31.9M rows is never silent.
     """
-    from aleph.data.captions import check_aligned, open_captions
+    from aleph.data.captions import check_row_counts, open_captions
     from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
     from aleph.data.tokens import open_token_store, token_store_dir
 
@@ -189,7 +189,7 @@ def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: Non
     if not rows:
         raise DataError(f"captions source {src.captions}: no rows; expected one caption per "
                         f"target row ({target_rows:,})")
-    check_aligned(rows, target_rows, f"captions {src.captions}",
+    check_row_counts(rows, target_rows, f"captions {src.captions}",
                   f"targets ({len(src.targets)} chunk file(s) from {src.targets[0]})")
     check_shape(cfg, rows, len(tokenizer), tokenizer.pad_token_id, dim)
     allowed = None

@@ -24,7 +24,7 @@ from aleph._io import atomic_write_json, read_json
 from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost, RunLocked
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
-from aleph.record.launch import choose_action
+from aleph.record.launch import COMPLETE, FAILED, STOPPED, choose_action
 from aleph.record.layout import FORMAT_VERSION, RunLayout, config_fields
 from aleph.train import outputs, preflight
 from aleph.train.config import TrainConfig, check_same_run, to_dict
@@ -146,7 +146,7 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
     # Rank 0's heartbeat (launches/<launch id>.heartbeat.json); other ranks only keep state.
     beat = layout.heartbeat(launch_id) if world.is_main else None
     monitor = heartbeat.LaunchMonitor(beat, launch_id, cfg.heartbeat_seconds, tracer.in_this_thread)
-    exit_status, status, note, refused, error = 0, outputs.FAILED, "", False, None
+    exit_status, status, note, refused, error = 0, FAILED, "", False, None
     where = "before the first step"
     try:
         if world.is_main:
@@ -165,7 +165,7 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
         where = f"step {trainer.pos.step} of {trainer.total_steps}"
     except StopRequested as e:
         stop.set_mode("flag")  # a signal during the bookkeeping below must not interrupt it
-        status, note = outputs.STOPPED, f"{e.signame} before the first step"
+        status, note = STOPPED, f"{e.signame} before the first step"
         log(f"stopped by {e.signame} in preflight (before the first step); nothing was trained "
             "in this launch; a build it interrupted is left unmarked as complete and a restart "
             "redoes it")
@@ -182,7 +182,7 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
             raise PeerLost(lost) from e
         raise
     finally:
-        exit_status = EXIT_STOPPED if status == outputs.STOPPED else exit_status
+        exit_status = EXIT_STOPPED if status == STOPPED else exit_status
         _end(manifest, monitor, tracer, launch_id, exit_status, status, note, refused)
         if error is None:
             log(f"launch ended: {status}{': ' + note if note else ''}")
@@ -191,7 +191,7 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
         if syncer is not None:  # the final sync, after the end is recorded (so the copy says how it ended)
             syncer.finish()
         log.close()
-    return EXIT_STOPPED if status == outputs.STOPPED else 0
+    return EXIT_STOPPED if status == STOPPED else 0
 
 
 def summary(run_dir: Path, status: str, log_path: Path, again: str | None,
@@ -202,7 +202,7 @@ def summary(run_dir: Path, status: str, log_path: Path, again: str | None,
     lines = [f"summary: run {ref} {status} ({where}); run directory {run_dir}",
              f"  log of this launch: {log_path}",
              f"  metrics: {run.metrics}; TensorBoard events: {run.tb} (`aleph tensorboard`)"]
-    if status == outputs.COMPLETE:
+    if status == COMPLETE:
         lines += [f"  weights: {run.final_weights}",
                   f"  next: `aleph eval {ref}`, then `aleph report {ref}` (and other runs)"]
     else:

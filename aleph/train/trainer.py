@@ -215,7 +215,7 @@ def prepare_data(cfg: TrainConfig, world: World, inputs: preflight.Inputs, token
                  monitor: LaunchMonitor, stop: StopFlag):
     """(token store, target store): rank 0 builds or opens them, the others open what rank 0
     names; their row counts must agree."""
-    from aleph.data.captions import check_aligned
+    from aleph.data.captions import check_row_counts
     from aleph.data.tokens import open_token_store
     from aleph.targets import open_store
 
@@ -241,7 +241,7 @@ def prepare_data(cfg: TrainConfig, world: World, inputs: preflight.Inputs, token
     else:
         info = got
         tokens, targets = open_token_store(info[0]), open_store(info[1], info[2])
-    check_aligned(tokens.rows, targets.rows, f"token store {info[0]}", f"target store {info[1]}")
+    check_row_counts(tokens.rows, targets.rows, f"token store {info[0]}", f"target store {info[1]}")
     return tokens, targets
 
 

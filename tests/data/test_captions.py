@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from aleph.data import check_aligned, load_captions
+from aleph.data import check_row_counts, load_captions
 from aleph.errors import DataError
 
 CAPS = ["a red dog", "  two spaces kept ", "unicode: café ☕", ""]
@@ -57,9 +57,9 @@ def test_missing_or_unsupported_files(tmp_path):
 
 
 def test_row_count_mismatch_names_both_sides():
-    check_aligned(10, 10)
+    check_row_counts(10, 10)
     with pytest.raises(DataError) as e:
-        check_aligned(31905615, 31905616, "tokens of cc12m.parquet", "targets/cc12m")
+        check_row_counts(31905615, 31905616, "tokens of cc12m.parquet", "targets/cc12m")
     msg = str(e.value)
     assert "31905615" in msg and "31905616" in msg
     assert "cc12m.parquet" in msg and "targets/cc12m" in msg

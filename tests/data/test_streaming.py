@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from aleph.data import captions as captions_mod
-from aleph.data import check_aligned, load_captions
+from aleph.data import check_row_counts, load_captions
 from aleph.data.captions import CaptionSource, open_captions
 from aleph.data.tokens import build_token_store, captions_sha256, open_token_store
 from aleph.errors import DataError, StoreError
@@ -254,4 +254,4 @@ def test_row_count_check_needs_no_captions_in_memory(tmp_path, work, smoke, monk
     assert "\n" not in msg and "has 7 rows" in msg and "has 8" in msg and str(p) in msg
     with pytest.raises(DataError, match=r"captions c\.parquet has 7 rows but targets "
                                         r"has 8"):
-        check_aligned(open_captions(p).count_rows(), 8, "captions c.parquet", "targets")
+        check_row_counts(open_captions(p).count_rows(), 8, "captions c.parquet", "targets")

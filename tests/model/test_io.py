@@ -29,20 +29,15 @@ def test_round_trip_reproduces_outputs(tmp_path, arm, tiny):
     assert loaded.health().get("layer00/anchor_drift") == model.health().get("layer00/anchor_drift")
 
 
-def test_compiled_wrapper_saves_plain_keys(tmp_path, tiny):
+def test_compiled_in_place_saves_plain_keys(tmp_path, tiny):
     model = build_model(tiny("a1_anchored"))
-
-    class Wrapper(torch.nn.Module):  # what torch.compile returns, minus dynamo's import time
-        def __init__(self, mod):
-            super().__init__()
-            self._orig_mod = mod
-
-    compiled = Wrapper(model)
-    assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())
-    save_weights(compiled, tmp_path / "w")
+    keys = set(model.state_dict())
+    model.compile()  # what the trainer does (lazy: dynamo runs at the first forward)
+    save_weights(model, tmp_path / "w")
     from safetensors.torch import load_file
 
-    assert set(load_file(tmp_path / "w" / WEIGHTS)) == set(model.state_dict())
+    assert set(load_file(tmp_path / "w" / WEIGHTS)) == keys
+    assert not any("_orig_mod" in k for k in keys)
 
 
 def test_missing_file_is_a_store_error(tmp_path, tiny):

@@ -265,7 +265,7 @@ def test_bad_run_directories_are_named(tmp_path, capsys):
 
 
 def test_launch_statuses_are_the_trainers_and_each_is_judged(tmp_path):
-    from aleph.train.outputs import STATUSES
+    from aleph.record.launch import STATUSES
 
     a = make_run(tmp_path / "x", "a2_dense", steps=0, train_scalars=False)
     b = make_run(tmp_path / "y", "a2_dense", steps=0, train_scalars=False, launches=[

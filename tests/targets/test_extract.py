@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from targets_helpers import REPO, wait_for
 
-from aleph.data.captions import check_aligned, open_captions
+from aleph.data.captions import check_row_counts, open_captions
 from aleph.targets import build_store
 from aleph.targets.consensus import run_consensus
 from aleph.targets.sources import chunk_files_in
@@ -116,7 +116,7 @@ def test_one_command_gives_a_target_store_aligned_with_the_captions(tiny, tmp_pa
     result = json.loads((targets / "consensus.json").read_text())
     assert [t["dir"] for t in result["teachers"]] == [str(out / a) for a in ARCHS]
     store = build_store(chunk_files_in(targets), tmp_path / "store")
-    check_aligned(open_captions(caps).count_rows(), store.rows, f"captions {caps}",
+    check_row_counts(open_captions(caps).count_rows(), store.rows, f"captions {caps}",
                   f"targets {store.store_dir}")  # raises on a count mismatch
     assert store.rows == ROWS and store.dim == 32 and result["fit"]["converged"]
     # the same consensus computed here, in the main venv, is byte for byte the same
