@@ -75,6 +75,7 @@ def test_a_non_e1_run_is_not_comparable_to_p_in_table_legend_and_picture(tmp_pat
     out = tmp_path / "rep"
     assert main(["report", str(e1), str(small), "--published", "--out", str(out)]) == 0
     md = capsys.readouterr().out
+    print(md)  # -rP: the table and legend of both rows, side by side
     rows = {}
     for line in md.splitlines():  # the summary table's row of each run (the per-task one follows)
         if line.startswith("| "):
