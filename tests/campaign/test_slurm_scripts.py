@@ -29,9 +29,10 @@ STS = REPO / "tests" / "fixtures" / "sts"
 ONE = ["--arms", "a2_dense", "--seeds", "0"]
 
 GOLDEN_CASES = {
-    # The smoke campaign as tests/cluster submits it: CPU, one task per element.
+    # The smoke campaign as tests/cluster submits it: CPU, one task per element. The python
+    # is not under /opt/aleph, where the image keeps the repository (REPO is replaced below).
     "smoke": ["--preset", "smoke", "--seeds", "0", "1", "--no-probes", "--python",
-              "/opt/aleph/.venv/bin/python", "--partition", "normal", "--time", "00:10:00",
+              "/srv/aleph-e1/.venv/bin/python", "--partition", "normal", "--time", "00:10:00",
               "--signal-lead", "60", "--max-requeues", "2"],
     # E1 on GPUs: two nodes of four ranks per run (srun-native), Apptainer, a secret by name,
     # and the teacher extraction in 8 shards plus the consensus job before training.

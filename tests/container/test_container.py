@@ -65,11 +65,16 @@ def _logs(cid: str) -> str:
     return p.stdout + p.stderr
 
 
-# The suite inside the image, minus the tests marked slow: those are the trainer and store
-# subprocess tests (kills, restarts, cgroup OOM), which tier 1 has just run on the same code;
-# what only the image can show (the frozen stack, strict env checks, uid 1000, a read-only
-# source tree) is in the rest. `docker compose run --rm tests` still runs all of it.
+# CI's suite inside the image: what the frozen image can change (the pinned stack on Ubuntu's
+# libraries and the image's Python, strict env checks, uid 1000, a read-only source tree) in
+# every package's fast tests, minus two kinds that tier 1 has just run on the same code and
+# pins: the tests marked slow, and the trainer, campaign and sync tests, which drive whole
+# `aleph train` subprocesses. In the image that path is proven end to end by the two tests
+# below (a smoke arm, and a stop + kill -9 + resume, both bitwise equal to this machine).
+# Measured: all non-slow tests in the image took 615 s, a CI over its 45 minutes.
+# `docker compose run --rm tests` still runs the whole suite.
 IN_IMAGE = ("python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+            *(f"--ignore=/opt/aleph/tests/{d}" for d in ("train", "campaign", "sync")),
             "/opt/aleph/tests")
 
 
@@ -78,7 +83,7 @@ def test_the_suite_passes_inside_the_cpu_image(stack):
     tail = p.stdout[-3000:] + p.stderr[-2000:]
     assert p.returncode == 0, tail
     summary = p.stdout.strip().splitlines()[-1]
-    print(f"in-image suite (-m 'not slow'): {summary}")
+    print(f"in-image suite ({' '.join(IN_IMAGE[6:-1])}): {summary}")
     assert re.search(r"\d+ passed", summary) and "failed" not in summary, summary
     # The strict check inside the CPU image names it as the CPU variant, explicitly.
     c = stack.compose("run", "--rm", "tests", "aleph", "env", "check", "--strict")
