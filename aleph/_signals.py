@@ -109,4 +109,3 @@ def run_until_stop(command: str, body: Callable[[], int], kept: Callable[[str], 
         raise
     stop.restore()
     return rc
-

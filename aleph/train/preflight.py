@@ -190,7 +190,7 @@ def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: Non
         raise DataError(f"captions source {src.captions}: no rows; expected one caption per "
                         f"target row ({target_rows:,})")
     check_row_counts(rows, target_rows, f"captions {src.captions}",
-                  f"targets ({len(src.targets)} chunk file(s) from {src.targets[0]})")
+                     f"targets ({len(src.targets)} chunk file(s) from {src.targets[0]})")
     check_shape(cfg, rows, len(tokenizer), tokenizer.pad_token_id, dim)
     allowed = None
     if cfg.preset == "e1" and not cfg.smoke_data:  # the pairing itself, on a sample

@@ -117,7 +117,7 @@ def test_one_command_gives_a_target_store_aligned_with_the_captions(tiny, tmp_pa
     assert [t["dir"] for t in result["teachers"]] == [str(out / a) for a in ARCHS]
     store = build_store(chunk_files_in(targets), tmp_path / "store")
     check_row_counts(open_captions(caps).count_rows(), store.rows, f"captions {caps}",
-                  f"targets {store.store_dir}")  # raises on a count mismatch
+                     f"targets {store.store_dir}")  # raises on a count mismatch
     assert store.rows == ROWS and store.dim == 32 and result["fit"]["converged"]
     # the same consensus computed here, in the main venv, is byte for byte the same
     run_consensus([str(out / a) for a in ARCHS], tmp_path / "again")
