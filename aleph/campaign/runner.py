@@ -127,18 +127,25 @@ class Campaign:
         """--finish-only (the Slurm finish job): no launch; each run is complete when its run
         directory says so, any other is left queued and reported not finished."""
         for rid in self.state.queue:
-            rd = rundirs.run_dir(self.configs[rid])
-            if not rundirs.is_complete(rd):
-                self.state.run(rid).update(status=QUEUED, note="not complete: not launched by "
-                                           "--finish-only (aleph campaign status)")
-                self.say(f"{rid}: not complete; --finish-only launches nothing")
+            if self._adopt(rid, "complete in its run directory"):
                 continue
-            conflict = rundirs.config_conflict(rd, self.configs[rid])
-            if conflict:
-                self._fail(rid, conflict)
-            else:
-                self._complete(rid, "complete in its run directory")
+            self.state.run(rid).update(status=QUEUED, note="not complete: not launched by "
+                                       "--finish-only (aleph campaign status)")
+            self.say(f"{rid}: not complete; --finish-only launches nothing")
         self.state.save()
+
+    def _adopt(self, rid: str, note: str) -> bool:
+        """Whether the run directory is complete; if so, the run is complete with `note`, or
+        failed when that directory holds another config."""
+        rd = rundirs.run_dir(self.configs[rid])
+        if not rundirs.is_complete(rd):
+            return False
+        conflict = rundirs.config_conflict(rd, self.configs[rid])
+        if conflict:
+            self._fail(rid, conflict)
+        else:
+            self._complete(rid, note)
+        return True
 
     def _on_signal(self, signum, frame) -> None:
         if self.stop_signal is None:
@@ -214,15 +221,9 @@ class Campaign:
         for rid in self.state.with_status(QUEUED):
             if not free or self.stopping:
                 return
-            rd = rundirs.run_dir(self.configs[rid])
-            if rundirs.is_complete(rd):
-                conflict = rundirs.config_conflict(rd, self.configs[rid])
-                if conflict:
-                    self._fail(rid, conflict)
-                else:
-                    self._complete(rid, "already complete before this launch: skipped")
+            if self._adopt(rid, "already complete before this launch: skipped"):
                 continue
-            holder = procs.lock_holder(rd)
+            holder = procs.lock_holder(rundirs.run_dir(self.configs[rid]))
             if holder:
                 self._locked(rid, holder)
                 continue

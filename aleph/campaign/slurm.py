@@ -81,12 +81,10 @@ def _header(spec: Spec, site: Site, what: str, job: str, log: str, time_s: int) 
     return lines
 
 
-def _footer_lines(site: Site) -> list[str]:
-    return [f"#SBATCH {line}" for line in site.sbatch_lines]
-
-
 def _environment(site: Site, lay: Layout) -> list[str]:
-    lines = ["", "set -u", f"export ALEPH_WORK={q(lay.work)}", "export PYTHONUNBUFFERED=1"]
+    """The --sbatch-line options, then the job's environment and its check of --env names."""
+    lines = [f"#SBATCH {line}" for line in site.sbatch_lines]
+    lines += ["", "set -u", f"export ALEPH_WORK={q(lay.work)}", "export PYTHONUNBUFFERED=1"]
     if lay.package_root is not None and not (site.container_exec or site.container_image):
         lines.append(f"export PYTHONPATH={q(lay.package_root)}${{PYTHONPATH:+:$PYTHONPATH}}")
     if site.env:
@@ -133,14 +131,9 @@ def train_script(spec: Spec, site: Site, lay: Layout, sdir: Path) -> str:
             lines.append(f"#SBATCH --gpus-per-task={site.gpus_per_task}")
         if site.cpus_per_task:
             lines.append(f"#SBATCH --cpus-per-task={site.cpus_per_task}")
-    lines += _footer_lines(site)
     lines += _environment(site, lay)
     py, box, m = q(site.python), _container(site, lay), site.max_requeues
-    train = ["--arm", '"$ARM"', "--seed", '"$SEED"', "--preset", q(spec.preset)]
-    if spec.config:
-        train += ["--config", q(spec.config)]
-    for item in spec.overrides:
-        train += ["--set", q(item)]
+    train = ["--arm", '"$ARM"', "--seed", '"$SEED"', *map(q, spec.config_args())]
     table = q(sdir / TABLE)
     lines += [
         "", f"TABLE={table}",
@@ -216,13 +209,9 @@ def _stopped_or_failed(who: str) -> list[str]:
 def finish_argv(spec: Spec, site: Site, opts: EvalOptions, published: bool | None,
                 repo: str | None) -> list[str]:
     """`aleph campaign --finish-only` on this campaign's spec: the one-box finish code."""
-    argv = ["campaign", "--finish-only", "--name", spec.name, "--preset", spec.preset]
-    if spec.config:
-        argv += ["--config", spec.config]
-    for item in spec.overrides:
-        argv += ["--set", item]
-    argv += ["--arms", *spec.arms, "--seeds", *map(str, spec.seeds),
-             "--devices", "0" if site.gpus_per_task else "cpu:1"]
+    argv = ["campaign", "--finish-only", "--name", spec.name, *spec.config_args(),
+            "--arms", *spec.arms, "--seeds", *map(str, spec.seeds),
+            "--devices", "0" if site.gpus_per_task else "cpu:1"]
     for flag, value in (("--tasks", opts.tasks), ("--tasks-dir", opts.tasks_dir),
                         ("--probe-captions", opts.probe_captions),
                         ("--probe-targets", opts.probe_targets), ("--repo", repo)):
@@ -244,7 +233,7 @@ def finish_script(spec: Spec, site: Site, lay: Layout, sdir: Path, argv: list[st
     lines += ["#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
     if site.gpus_per_task:
         lines.append("#SBATCH --gpus-per-task=1")
-    lines += _footer_lines(site) + _environment(site, lay)
+    lines += _environment(site, lay)
     lines += ["", f'echo "{LOG} finish job $SLURM_JOB_ID on $(hostname)"',
               f"exec srun {_container(site, lay)}{q(site.python)} -m aleph {shlex.join(argv)}"]
     return "\n".join(lines) + "\n"
@@ -268,7 +257,7 @@ def extract_scripts(spec: Spec, site: Site, lay: Layout, sdir: Path,
               "#SBATCH --ntasks=1"]
     if site.gpus_per_task:
         lines.append(f"#SBATCH --gpus-per-task={site.gpus_per_task}")
-    lines += _footer_lines(site) + _environment(site, lay)
+    lines += _environment(site, lay)
     who = f"element $ELEMENT: shard $SLURM_ARRAY_TASK_ID/{ex.shards}"
     lines += ["", 'ELEMENT="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
               'RESTARTS="${SLURM_RESTART_COUNT:-0}"',
@@ -284,7 +273,7 @@ def extract_scripts(spec: Spec, site: Site, lay: Layout, sdir: Path,
                         "consensus", str(sdir / "logs" / "consensus-%j.out"), site.time_s)
         lines += ["#SBATCH --requeue", f"#SBATCH --signal=TERM@{site.signal_lead_s}",
                   "#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
-        lines += _footer_lines(site) + _environment(site, lay)
+        lines += _environment(site, lay)
         lines += ["", 'ELEMENT="$SLURM_JOB_ID"', 'RESTARTS="${SLURM_RESTART_COUNT:-0}"',
                   f'echo "{LOG} consensus job $ELEMENT on $(hostname), requeues so far '
                   f'$RESTARTS (limit {m})"',

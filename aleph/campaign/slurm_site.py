@@ -63,10 +63,6 @@ class Site:
     finish_time_s: int = 2 * 3600
 
     @property
-    def time(self) -> str:
-        return format_time(self.time_s)
-
-    @property
     def ranks(self) -> int:
         return self.nodes * self.tasks_per_node
 
@@ -77,10 +73,9 @@ def parse_time(text: str, option: str = "--time") -> int:
     if not m:
         raise ConfigError(f"{option} {text!r}: expected a Slurm time limit (minutes, H:MM:SS "
                           "or D-HH:MM:SS)")
-    d, a, b, c = m.groups()
-    a, b, c = int(a), int(b) if b else None, int(c) if c else None
+    d, a, b, c = (int(x) if x else None for x in m.groups())
     if d is not None:  # D-H, D-H:M, D-H:M:S
-        secs = int(d) * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+        secs = d * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
     elif c is not None:
         secs = a * 3600 + b * 60 + c
     elif b is not None:
@@ -99,40 +94,55 @@ def format_time(secs: int) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
-def make_site(*, python: str, partition=None, account=None, qos=None, gpus_per_task=0,
-              cpus_per_task=None, nodes=1, tasks_per_node=1, launcher="srun", time="1-00:00:00",
-              signal_lead=DEFAULT_LEAD_S, max_requeues=DEFAULT_MAX_REQUEUES, array_limit=None,
-              sbatch_lines=(), container_exec=None, container_image=None, env=(),
-              finish_time="02:00:00") -> Site:
-    """Check every site option; ConfigError (one line, the option named) on the first bad one."""
+SITE_OPTIONS = ("partition", "account", "qos", "gpus_per_task", "cpus_per_task", "nodes",
+                "tasks_per_node", "launcher", "max_requeues", "array_limit", "container_exec",
+                "container_image")
+"""`aleph campaign` option dests that are Site fields under the same name."""
+
+
+def make_site(*, python: str, time: str = "1-00:00:00", finish_time: str = "02:00:00",
+              signal_lead: int = DEFAULT_LEAD_S, sbatch_line=(), env=(), **options) -> Site:
+    """The Site of `aleph campaign`'s options (`options`: SITE_OPTIONS), every value checked;
+    ConfigError (one line, the option named) on the first bad one."""
+    s = Site(python=python, time_s=parse_time(time), signal_lead_s=signal_lead,
+             sbatch_lines=tuple(sbatch_line), env=tuple(dict.fromkeys(env)),
+             finish_time_s=parse_time(finish_time, "--finish-time"), **options)
     if not python.strip() or any(c.isspace() for c in python):
         raise ConfigError(f"--python {python!r}: expected one interpreter path or name")
-    for opt, value in (("--partition", partition), ("--account", account), ("--qos", qos)):
+    for opt, value in (("--partition", s.partition), ("--account", s.account), ("--qos", s.qos)):
         if value is not None and not SITE_NAME_RE.fullmatch(value):
             raise ConfigError(f"{opt} {value!r}: expected a Slurm name (letters, digits, "
                               "'.', '_', '+', '-')")
-    for opt, value, low in (("--gpus-per-task", gpus_per_task, 0), ("--nodes", nodes, 1),
-                            ("--tasks-per-node", tasks_per_node, 1),
-                            ("--max-requeues", max_requeues, 0)):
-        if value < low:
+    for opt, value, low in (("--gpus-per-task", s.gpus_per_task, 0), ("--nodes", s.nodes, 1),
+                            ("--tasks-per-node", s.tasks_per_node, 1),
+                            ("--max-requeues", s.max_requeues, 0),
+                            ("--cpus-per-task", s.cpus_per_task, 1),
+                            ("--array-limit", s.array_limit, 1)):
+        if value is not None and value < low:
             raise ConfigError(f"{opt} {value}: expected an integer >= {low}")
-    for opt, value in (("--cpus-per-task", cpus_per_task), ("--array-limit", array_limit)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{opt} {value}: expected an integer >= 1")
-    if launcher not in LAUNCHERS:
-        raise ConfigError(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
-    time_s = parse_time(time)
+    if s.launcher not in LAUNCHERS:
+        raise ConfigError(f"--launcher {s.launcher!r}: expected one of {', '.join(LAUNCHERS)}")
     if not 1 <= signal_lead <= MAX_LEAD_S:
         raise ConfigError(f"--signal-lead {signal_lead}: expected seconds from 1 to {MAX_LEAD_S}")
-    if time_s <= signal_lead:
-        raise ConfigError(f"--time {time} ({time_s} s) is not longer than --signal-lead "
+    if s.time_s <= signal_lead:
+        raise ConfigError(f"--time {time} ({s.time_s} s) is not longer than --signal-lead "
                           f"{signal_lead} s: the stop would come before training starts; give "
                           "a longer --time, or a shorter lead (it must cover one step and one "
                           "save)")
-    for line in sbatch_lines:
+    for line in sbatch_line:
         if "\n" in line or "\r" in line or not line.startswith("--"):
             raise ConfigError(f"--sbatch-line {line!r}: expected one sbatch option such as "
                               "--constraint=a40 (one line, starting with --)")
+    _check_container(s.container_exec, s.container_image)
+    for name in env:
+        if not ENV_NAME_RE.fullmatch(name):
+            raise ConfigError(f"--env {name!r}: expected a variable name (the jobs read its "
+                              "value from the submitting environment; values are never given "
+                              "here)")
+    return s
+
+
+def _check_container(container_exec: str | None, container_image: str | None) -> None:
     if container_exec is not None:
         words = shlex.split(container_exec)
         if not words:
@@ -150,18 +160,6 @@ def make_site(*, python: str, partition=None, account=None, qos=None, gpus_per_t
                                         or any(c.isspace() for c in container_image)):
         raise ConfigError(f"--container-image {container_image!r}: expected one image name "
                           "or .sqsh path")
-    for name in env:
-        if not ENV_NAME_RE.fullmatch(name):
-            raise ConfigError(f"--env {name!r}: expected a variable name (the jobs read its "
-                              "value from the submitting environment; values are never given "
-                              "here)")
-    return Site(python=python, partition=partition, account=account, qos=qos,
-                gpus_per_task=gpus_per_task, cpus_per_task=cpus_per_task, nodes=nodes,
-                tasks_per_node=tasks_per_node, launcher=launcher, time_s=time_s,
-                signal_lead_s=signal_lead, max_requeues=max_requeues, array_limit=array_limit,
-                sbatch_lines=tuple(sbatch_lines), container_exec=container_exec,
-                container_image=container_image, env=tuple(dict.fromkeys(env)),
-                finish_time_s=parse_time(finish_time, "--finish-time"))
 
 
 def check_partition(site: Site, run=subprocess.run) -> str | None:

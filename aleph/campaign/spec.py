@@ -45,14 +45,14 @@ class Spec:
         (as the seed's box ran them: a1 and a3 of one seed side by side)."""
         return [(f"{arm}-s{seed}", arm, seed) for seed in self.seeds for arm in self.arms]
 
+    def config_args(self) -> list[str]:
+        """The campaign's config as `aleph train` takes it: --preset, --config, --set."""
+        args = ["--preset", self.preset] + (["--config", self.config] if self.config else [])
+        return args + [word for item in self.overrides for word in ("--set", item)]
+
     def train_args(self, arm: str, seed: int) -> list[str]:
-        """`aleph train` arguments of one run: the campaign's config, this arm and seed."""
-        args = ["--arm", arm, "--seed", str(seed), "--preset", self.preset]
-        if self.config:
-            args += ["--config", self.config]
-        for item in self.overrides:
-            args += ["--set", item]
-        return args
+        """`aleph train` arguments of one run: this arm and seed, the campaign's config."""
+        return ["--arm", arm, "--seed", str(seed), *self.config_args()]
 
     def secret_env(self) -> dict[str, str]:
         """The environment that carries the secrets to a child (hf_token: HF_TOKEN)."""

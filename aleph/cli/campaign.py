@@ -170,22 +170,15 @@ def _slurm(args: argparse.Namespace, spec, opts) -> int:
 
     from aleph.campaign.slurm import Extraction
     from aleph.campaign.slurm_main import run_slurm
-    from aleph.campaign.slurm_site import make_site
+    from aleph.campaign.slurm_site import SITE_OPTIONS, make_site
     from aleph.errors import ConfigError
 
     if args.finish_only:
         raise ConfigError("--finish-only: not with --on slurm (the finish job runs it)")
     boxed = bool(args.container_exec or args.container_image)
     python = args.python or ("python3" if boxed else sys.executable)
-    site = make_site(python=python, partition=args.partition, account=args.account,
-                     qos=args.qos, gpus_per_task=args.gpus_per_task,
-                     cpus_per_task=args.cpus_per_task, nodes=args.nodes,
-                     tasks_per_node=args.tasks_per_node, launcher=args.launcher,
-                     time=args.time, signal_lead=args.signal_lead,
-                     max_requeues=args.max_requeues, array_limit=args.array_limit,
-                     sbatch_lines=args.sbatch_line, container_exec=args.container_exec,
-                     container_image=args.container_image, env=args.env,
-                     finish_time=args.finish_time)
+    given = ("time", "signal_lead", "sbatch_line", "env", "finish_time", *SITE_OPTIONS)
+    site = make_site(python=python, **{k: getattr(args, k) for k in given})
     extraction = None
     if args.extract_shards is not None:
         if args.extract_shards < 1 or not args.extract_args:
