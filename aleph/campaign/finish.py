@@ -47,19 +47,18 @@ def check_eval_inputs(configs: dict, opts: EvalOptions) -> None:
     from aleph.eval.tasks import load_tasks, parse_task_names
     from aleph.train.config import to_dict
 
-    for cfg in configs.values():
-        config = to_dict(cfg)
-        names = parse_task_names(opts.tasks) if opts.tasks else default_tasks(config)
-        try:
-            load_tasks(names, opts.tasks_dir)
-            if opts.probes and (opts.probe_captions or opts.probe_targets):
-                resolve_probe(config, opts.probe_captions, opts.probe_targets, opts.probe_rows)
-        except (AlephError, OSError) as e:
-            raise DataError(f"evaluation inputs of {cfg.arm}-s{cfg.seed} ({', '.join(names)}): "
-                            f"{e}; the campaign evaluates every run at its end: fix this first "
-                            "(aleph data fetch writes the offline bundle; or --tasks-dir, "
-                            "--tasks)") from None
-        return  # every run of a campaign shares the data, hence the tasks
+    cfg = next(iter(configs.values()))  # every run of a campaign shares the data and tasks
+    config = to_dict(cfg)
+    names = parse_task_names(opts.tasks) if opts.tasks else default_tasks(config)
+    try:
+        load_tasks(names, opts.tasks_dir)
+        if opts.probes and (opts.probe_captions or opts.probe_targets):
+            resolve_probe(config, opts.probe_captions, opts.probe_targets, opts.probe_rows)
+    except (AlephError, OSError) as e:
+        raise DataError(f"evaluation inputs of {cfg.arm}-s{cfg.seed} ({', '.join(names)}): "
+                        f"{e}; the campaign evaluates every run at its end: fix this first "
+                        "(aleph data fetch writes the offline bundle; or --tasks-dir, "
+                        "--tasks)") from None
 
 
 def evaluate(c, opts: EvalOptions) -> dict[str, str]:

@@ -10,6 +10,7 @@ the launch token in the child's environment; it waits for them instead of launch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,11 +49,9 @@ def spawn(argv: list[str], env: dict[str, str], log: Path, cpus: tuple[int, ...]
         proc = subprocess.Popen([sys.executable, "-m", "aleph", *argv], stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
-    if cpus:
-        try:  # the child is one thread at this point: every thread it starts inherits this
+    if cpus:  # the child is one thread at this point: every thread it starts inherits this
+        with contextlib.suppress(ProcessLookupError):
             os.sched_setaffinity(proc.pid, cpus)
-        except ProcessLookupError:
-            pass
     return proc
 
 
@@ -115,7 +114,5 @@ def signal_group(pid: int, sig: int = signal.SIGTERM) -> bool:
     try:
         os.killpg(pid, sig)
         return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except (ProcessLookupError, PermissionError):
         return False

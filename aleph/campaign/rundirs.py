@@ -17,12 +17,7 @@ from aleph.record.layout import RunLayout
 from aleph.train.identity import run_dir_for
 
 FINAL_WEIGHTS = RunLayout(".").final_weights_file.relative_to(".")
-
-
-def run_dir(cfg) -> Path:
-    """The run directory of a campaign run's config: the trainer's own (identity.run_dir_for:
-    runs/<arm>-s<seed> for e1, runs/<preset>/<arm>-s<seed> otherwise)."""
-    return run_dir_for(cfg)
+run_dir = run_dir_for  # a campaign run's directory is the trainer's own, from its config
 
 
 def _manifest(rd: Path) -> dict[str, Any] | None:
@@ -70,13 +65,11 @@ def launch_end(rd: Path, pid: int | None, host: str) -> tuple[str | None, int | 
     man = _manifest(rd)
     for e in reversed((man or {}).get("launches") or []):
         if isinstance(e, dict) and e.get("pid") == pid and e.get("host") == host:
-            status = e.get("status")
-            code = e.get("exit_status")
+            status, code = e.get("status"), e.get("exit_status")
             if status in (COMPLETE, STOPPED):
                 return status, 0
-            if status == FAILED:
-                return status, code if isinstance(code, int) else None
-            return status, None  # running (died unrecorded) or lost
+            # running (died unrecorded) or lost: no exit status
+            return status, code if status == FAILED and isinstance(code, int) else None
     return None, None
 
 
@@ -95,7 +88,5 @@ def error_line(log: Path) -> str:
     except OSError:
         return f"{log}: unreadable"
     lines = [x for x in lines if x]
-    for line in reversed(lines):
-        if line.startswith("aleph train: error:"):
-            return line
-    return lines[-1] if lines else "(no output)"
+    errors = [x for x in lines if x.startswith("aleph train: error:")]
+    return (errors or lines or ["(no output)"])[-1]

@@ -159,10 +159,7 @@ def parse_devices(text: str, gpu_count=_gpu_count, visible: str | None = None,
     text = text.strip()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
     if text.startswith("cpu:"):
-        try:
-            n = int(text[4:])
-        except ValueError:
-            n = 0
+        n = int(text[4:]) if text[4:].isdecimal() else 0
         if n < 1:
             raise ConfigError(f"--devices {text!r}: expected cpu:N with N >= 1 CPU slots")
         mine = sorted(os.sched_getaffinity(0) if cpus is None else cpus)

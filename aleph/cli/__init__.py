@@ -51,14 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
-    except AlephError as e:
+    except (AlephError, PeerLost) as e:  # PeerLost: a rank stopped answering, exit 1
         print(f"aleph {args.command}: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return getattr(e, "exit_code", 1)
     except KeyboardInterrupt:
         return 130
-    except PeerLost as e:  # another rank stopped answering: one line, not a traceback
-        print(f"aleph {args.command}: error: {e}", file=sys.stderr)
-        return 1
     except OSError as e:
         # Backstop: a file the user named (or the work root) that cannot be read or written
         # is a user-facing condition; name it in one line instead of a traceback.

@@ -36,9 +36,7 @@ def _tokens(args) -> int:
     captions = open_captions(args.captions, column=args.column, split=args.split)
     threads = configure_threads()
     t0, c0 = time.perf_counter(), time.process_time()
-    digest = None
-    if not args.out:
-        digest = _captions_digest(args, captions)
+    digest = None if args.out else _captions_digest(args, captions)
     t1 = time.perf_counter()
     out = Path(args.out) if args.out else token_store_dir(
         digest, tokenizer_fingerprint(tokenizer), args.max_len)

@@ -16,28 +16,17 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="env_command", metavar="ENV_COMMAND", required=True)
 
     c = sub.add_parser(
-        "check",
-        help="compare the live environment with pip_freeze.txt and the seed table",
+        "check", help="compare the live environment with pip_freeze.txt and the seed table",
         description="Exit 0 on the image or the known host variant; with --strict, exit "
-        f"{EnvironmentDrift.exit_code} on any difference from the image.",
-    )
+        f"{EnvironmentDrift.exit_code} on any difference from the image.")
     c.add_argument("--strict", action="store_true", help="compare against the image only")
     c.add_argument("--json", action="store_true", help="print the result as JSON")
-    c.add_argument(
-        "--pins-root",
-        type=Path,
-        default=None,
-        help="directory holding pip_freeze.txt and lockfiles/ (default: the source tree)",
-    )
+    c.add_argument("--pins-root", type=Path, default=None, help="directory holding "
+                   "pip_freeze.txt and lockfiles/ (default: the source tree)")
     c.set_defaults(func=_check)
-
     k = sub.add_parser("capture", help="write the seed's kind of environment record")
-    k.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output directory (default: $ALEPH_CAPTURE_DIR or $ALEPH_WORK/env)",
-    )
+    k.add_argument("--out", type=Path, default=None,
+                   help="output directory (default: $ALEPH_CAPTURE_DIR or $ALEPH_WORK/env)")
     k.add_argument("--quiet", action="store_true", help="do not print the Markdown")
     k.set_defaults(func=_capture)
 
@@ -63,26 +52,15 @@ def _check(args: argparse.Namespace) -> int:
     seconds = time.monotonic() - t0
     total = _since_process_start()
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "variant": result.variant,
-                    "strict": result.strict,
-                    "ok": result.ok,
-                    "seconds": round(seconds, 3),
-                    "command_seconds": None if total is None else round(total, 2),
-                    "drifts": [d.__dict__ for d in result.drifts],
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps({"variant": result.variant, "strict": result.strict, "ok": result.ok,
+                          "seconds": round(seconds, 3),
+                          "command_seconds": None if total is None else round(total, 2),
+                          "drifts": [d.__dict__ for d in result.drifts]}, indent=2))
     else:
         print(format_report(result))
         whole = "" if total is None else f"; {total:.2f} s since the command started"
         print(f"(checked in {seconds:.2f} s{whole})")
-    if result.strict and not result.ok:
-        return EnvironmentDrift.exit_code
-    return 0
+    return EnvironmentDrift.exit_code if result.strict and not result.ok else 0
 
 
 def _capture(args: argparse.Namespace) -> int:

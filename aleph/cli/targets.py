@@ -20,12 +20,8 @@ from aleph.targets.sources import chunk_files_in
 def expand_sources(items: list[str]) -> list[str]:
     """Files as given; a directory contributes its chunk files in name order (see
     `chunk_files_in`: the order the trainer reads a `targets=` directory in)."""
-    out: list[str] = []
-    for item in items:
-        if os.path.isdir(item):
-            out.extend(chunk_files_in(item))
-        else:
-            out.append(item)
+    out = [f for item in items
+           for f in (chunk_files_in(item) if os.path.isdir(item) else [item])]
     if not out:
         raise StoreError("no chunk files given (empty source list)")
     return out

@@ -70,4 +70,3 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"serving {logdir} at http://{args.host}:{args.port}/", flush=True)
     # Replace this process: signals (Ctrl-C, docker stop) reach TensorBoard directly.
     os.execv(cmd[0], cmd)
-    return 0  # not reached
