@@ -197,15 +197,6 @@ def _requeue_lines(who: str, short: str, what: str, resume: str, limit: int) -> 
     ]
 
 
-def _stopped_or_failed(who: str) -> list[str]:
-    """After `srun ...`: exit 0 on success, the step's status on a failure; falls through
-    (to the requeue lines) only on errors.EXIT_STOPPED."""
-    return ["rc=$?", f'echo "{LOG} {who}: the step ended with exit $rc"',
-            'if [ "$rc" -eq 0 ]; then exit 0; fi',
-            f'if [ "$rc" -ne {EXIT_STOPPED} ]; then',
-            f'  echo "{LOG} {who} failed (exit $rc); not requeued"', '  exit "$rc"', "fi"]
-
-
 def finish_argv(spec: Spec, site: Site, opts: EvalOptions, published: bool | None,
                 repo: str | None) -> list[str]:
     """`aleph campaign --finish-only` on this campaign's spec: the one-box finish code."""
@@ -239,6 +230,23 @@ def finish_script(spec: Spec, site: Site, lay: Layout, sdir: Path, argv: list[st
     return "\n".join(lines) + "\n"
 
 
+def _stage_job(site: Site, lay: Layout, head: list[str], element: str, who: str, step: str,
+               scope: tuple[str, str], resume: str) -> str:
+    """A job of one `srun python -m aleph targets ...` step: `head` (its #SBATCH lines), the
+    environment, the step; exit 0 on success, the step's status on a failure, and after a
+    stop (errors.EXIT_STOPPED) the requeue lines."""
+    m = site.max_requeues
+    lines = [*head, *_environment(site, lay), "", f'ELEMENT="{element}"',
+             'RESTARTS="${SLURM_RESTART_COUNT:-0}"',
+             f'echo "{LOG} {who} on $(hostname), requeues so far $RESTARTS (limit {m})"',
+             f"srun {_container(site, lay)}{step}",
+             "rc=$?", f'echo "{LOG} {who}: the step ended with exit $rc"',
+             'if [ "$rc" -eq 0 ]; then exit 0; fi', f'if [ "$rc" -ne {EXIT_STOPPED} ]; then',
+             f'  echo "{LOG} {who} failed (exit $rc); not requeued"', '  exit "$rc"', "fi",
+             *_requeue_lines(who, *scope, resume, m)]
+    return "\n".join(lines) + "\n"
+
+
 def extract_scripts(spec: Spec, site: Site, lay: Layout, sdir: Path,
                     ex: Extraction) -> dict[str, str]:
     """extract.sbatch (an element per shard) and, with consensus arguments, consensus.sbatch.
@@ -248,40 +256,27 @@ def extract_scripts(spec: Spec, site: Site, lay: Layout, sdir: Path,
     itself alone while SLURM_RESTART_COUNT is under --max-requeues; a requeued shard redoes
     none of its finished chunks. The consensus job refuses to start while a chunk of any
     shard is missing, so it runs only after every element succeeded (afterok)."""
-    box, py, m = _container(site, lay), q(ex.python), site.max_requeues
-    lines = _header(spec, site, f"teacher extraction, {ex.shards} shards (aleph targets "
-                    "extract --shard I/N)", "extract", str(sdir / "logs" / "extract-%A_%a.out"),
-                    site.time_s)
-    lines += [f"#SBATCH --array=0-{ex.shards - 1}", "#SBATCH --requeue",
-              f"#SBATCH --signal=TERM@{site.signal_lead_s}", "#SBATCH --nodes=1",
-              "#SBATCH --ntasks=1"]
+    py, stop = q(ex.python), ["#SBATCH --requeue", f"#SBATCH --signal=TERM@{site.signal_lead_s}",
+                              "#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
+    head = _header(spec, site, f"teacher extraction, {ex.shards} shards (aleph targets "
+                   "extract --shard I/N)", "extract", str(sdir / "logs" / "extract-%A_%a.out"),
+                   site.time_s)
+    head += [f"#SBATCH --array=0-{ex.shards - 1}", *stop]
     if site.gpus_per_task:
-        lines.append(f"#SBATCH --gpus-per-task={site.gpus_per_task}")
-    lines += _environment(site, lay)
-    who = f"element $ELEMENT: shard $SLURM_ARRAY_TASK_ID/{ex.shards}"
-    lines += ["", 'ELEMENT="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
-              'RESTARTS="${SLURM_RESTART_COUNT:-0}"',
-              f'echo "{LOG} {who} on $(hostname), requeues so far $RESTARTS (limit {m})"',
-              f"srun {box}{py} -m aleph targets extract {ex.extract_args} "
-              f'--shard "$SLURM_ARRAY_TASK_ID/{ex.shards}"']
-    lines += _stopped_or_failed(who)
-    lines += _requeue_lines(who, "element $ELEMENT", "this element alone",
-                            f'sbatch --array=$SLURM_ARRAY_TASK_ID {q(sdir / "extract.sbatch")}', m)
-    out = {"extract.sbatch": "\n".join(lines) + "\n"}
+        head.append(f"#SBATCH --gpus-per-task={site.gpus_per_task}")
+    out = {"extract.sbatch": _stage_job(
+        site, lay, head, "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}",
+        f"element $ELEMENT: shard $SLURM_ARRAY_TASK_ID/{ex.shards}",
+        f"{py} -m aleph targets extract {ex.extract_args} "
+        f'--shard "$SLURM_ARRAY_TASK_ID/{ex.shards}"', ("element $ELEMENT", "this element alone"),
+        f'sbatch --array=$SLURM_ARRAY_TASK_ID {q(sdir / "extract.sbatch")}')}
     if ex.consensus_args:
-        lines = _header(spec, site, "the teacher consensus, after every extraction shard",
-                        "consensus", str(sdir / "logs" / "consensus-%j.out"), site.time_s)
-        lines += ["#SBATCH --requeue", f"#SBATCH --signal=TERM@{site.signal_lead_s}",
-                  "#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
-        lines += _environment(site, lay)
-        lines += ["", 'ELEMENT="$SLURM_JOB_ID"', 'RESTARTS="${SLURM_RESTART_COUNT:-0}"',
-                  f'echo "{LOG} consensus job $ELEMENT on $(hostname), requeues so far '
-                  f'$RESTARTS (limit {m})"',
-                  f"srun {box}{py} -m aleph targets consensus {ex.consensus_args}"]
-        lines += _stopped_or_failed("consensus job $ELEMENT")
-        lines += _requeue_lines("consensus job $ELEMENT", "consensus job $ELEMENT", "this job",
-                                f'sbatch {q(sdir / "consensus.sbatch")}', m)
-        out["consensus.sbatch"] = "\n".join(lines) + "\n"
+        head = _header(spec, site, "the teacher consensus, after every extraction shard",
+                       "consensus", str(sdir / "logs" / "consensus-%j.out"), site.time_s)
+        out["consensus.sbatch"] = _stage_job(
+            site, lay, head + stop, "$SLURM_JOB_ID", "consensus job $ELEMENT",
+            f"{py} -m aleph targets consensus {ex.consensus_args}",
+            ("consensus job $ELEMENT", "this job"), f'sbatch {q(sdir / "consensus.sbatch")}')
     return out
 
 
