@@ -1,11 +1,8 @@
 """aleph.campaign: `aleph campaign`, every (arm, seed) of one config run once to completion.
 
-The layer above train / eval / report (cli -> campaign -> train / eval / report): each run
-is a subprocess `python -m aleph train ...` pinned to one device (a GPU through
-CUDA_VISIBLE_DEVICES, or a CPU slot through its CPU affinity), at most one run per device
-at a time; then every complete run is evaluated (aleph.eval.runner.run_eval), the E1 table
-written (aleph.report.table/render) and `runs diff` run on every pair (aleph.report.diff).
-Nothing below imports this package.
+Each run is a subprocess `python -m aleph train ...` on one device (a GPU or a CPU slot),
+one run per device at a time; then every complete run is evaluated, tabulated and diffed
+(docs/ARCHITECTURE.md, "campaign"). Nothing below imports this package.
 
 Files by role: spec (arms, seeds, config, devices), state (the campaign's JSON file in the
 work root, written atomically), procs (child processes: launch, liveness, the run lock

@@ -1,19 +1,12 @@
 """The scheduler: every queued run launched once on a free device, watched to its end.
 
-One loop, one process, polling: reap the children that ended, look after launches of an
-earlier (killed) campaign process that still run, re-probe runs another launch holds, then
-fill the free devices in queue order. Every change is written to campaign.json before the
-next step, so a SIGKILL at any point leaves a state a restart continues from:
-- a run recorded `running` whose process still lives (pid and start time, or its launch
-  token) keeps its device busy and is waited for, never launched again;
-- one that ended meanwhile is settled from its run directory (complete, or the trainer's
-  recorded exit status), exactly as if it had been watched;
-- the run lock (aleph.train.identity.RunLock) stays the single source of truth: a run held
-  by any other launch is reported and waited for, and a trainer that loses a race for the
-  lock exits 75 and changes nothing.
-SIGTERM/SIGINT: each running trainer gets one SIGTERM (it checkpoints and exits 76,
-errors.EXIT_STOPPED), the campaign waits for them, records them as stopped (not a failure)
-and exits 76 too.
+One polling loop: reap the children that ended, watch launches of an earlier (killed)
+campaign process, re-probe runs another launch holds, fill the free devices in queue order.
+Every change is in campaign.json before the next step, so after a SIGKILL a restart waits
+for a launch that still lives (never launching it again) and settles one that ended from
+its run directory. The run lock (aleph.train.identity.RunLock) decides who trains a run: a
+trainer that loses the race exits 75 and changes nothing.
+SIGTERM/SIGINT: one SIGTERM per trainer (it checkpoints, exits 76), wait, exit 76.
 """
 
 from __future__ import annotations

@@ -2,23 +2,17 @@
 
 Written into <campaign>/slurm/:
 - train.sbatch + train.table: one array element per (arm, seed), mapped by
-  SLURM_ARRAY_TASK_ID through the table. `--requeue --open-mode=append`, `--signal=TERM@LEAD`
-  (no `B:`: Slurm signals the job step, and the trainer runs as that step under srun). An
-  element whose trainer stopped (exit 76, errors.EXIT_STOPPED; or, under torchrun, which
-  reports its own status, the run directory says stopped) requeues itself alone,
-  `scontrol requeue ARRAYJOBID_TASKID`, while SLURM_RESTART_COUNT is under --max-requeues,
-  and says when it gives up.
-- finish.sbatch: after every element succeeded (afterok), `aleph campaign --finish-only` on
-  the same spec: the one-box campaign's evaluation, report and diff matrix (finish.py).
-- extract.sbatch + consensus.sbatch, only with --extract-shards: `aleph targets extract
-  --shard I/N` per element (requeued alone on a stop, exit 76, like a training element),
-  then the consensus job (afterok); training then waits for the consensus.
+  SLURM_ARRAY_TASK_ID through the table. `--signal=TERM@LEAD` (no `B:`: Slurm signals the
+  job step, and the trainer runs as that step under srun). An element whose trainer stopped
+  (exit 76; under torchrun, which reports its own status, the run directory says stopped)
+  requeues itself alone while SLURM_RESTART_COUNT is under --max-requeues.
+- finish.sbatch: after every element succeeded (afterok), `aleph campaign --finish-only`.
+- extract.sbatch + consensus.sbatch, only with --extract-shards (extract_scripts).
 
-One run on several nodes (--nodes > 1): srun-native by default (one task per rank, the
-trainer reads SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS), or `srun torchrun` (one agent
-per node, c10d rendezvous at the allocation's first host on a port picked free there).
-Secrets never enter a script: --env names the variables the jobs need, and the script only
-checks that each is set (sbatch exports the submitting environment).
+Several nodes per run: srun-native (one task per rank, the trainer reads SLURM_PROCID /
+SLURM_LOCALID / SLURM_NTASKS), or `srun torchrun` (one agent per node, c10d rendezvous at
+the first host on a port picked free there). Secrets never enter a script: --env names
+the variables the jobs need, and the script only checks that each is set.
 """
 
 from __future__ import annotations

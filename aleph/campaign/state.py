@@ -2,9 +2,7 @@
 
 It holds the campaign's identity (Spec.identity), the queue (run ids in launch order), each
 run's status and every launch the campaign made of it (device, pid and its start time,
-exit status, outcome, log), the evaluations, and one entry per campaign process. A
-restarted campaign reads it to continue: a launch recorded `running` whose process still
-lives is waited for, never launched again.
+exit status, outcome, log), the evaluations, and one entry per campaign process.
 
 Run statuses: queued (to launch), running (a launch of ours is in flight), locked (another
 launch holds the run's lock: waited for), complete, failed (retries used up, or refused).
