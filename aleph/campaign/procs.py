@@ -93,9 +93,16 @@ def find_token(token: str) -> int | None:
     return None
 
 
+def holder_text(message: str) -> str:
+    """The trainer's lock refusal, as the campaign reports it (without the trainer's
+    "this launch ... exits", which describes the refused launch, not the campaign)."""
+    message = message.strip().removeprefix("aleph train: error: ")
+    return message.removesuffix("; this launch changed nothing and exits")
+
+
 def lock_holder(run_dir: Path) -> str | None:
-    """The trainer's own refusal message when another launch holds `run_dir`'s run lock,
-    else None. It is aleph.train.identity.RunLock itself, taken and released at once: the
+    """The trainer's own refusal message (holder_text) when another launch holds `run_dir`'s
+    run lock, else None. It is aleph.train.identity.RunLock itself, taken and released at once: the
     kernel flock that decides for the trainer decides here (and the trainer still refuses,
     exit 75, if the lock is taken between this probe and its launch)."""
     if not RunLayout(run_dir).lock.exists():
@@ -104,7 +111,7 @@ def lock_holder(run_dir: Path) -> str | None:
     try:
         lock.acquire()
     except RunLocked as e:
-        return str(e)
+        return holder_text(str(e))
     lock.release()
     return None
 

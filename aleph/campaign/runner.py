@@ -93,7 +93,7 @@ class Campaign:
             lock.acquire()
         except RunLocked as e:
             raise RunLocked(f"campaign {self.spec.name} is already running in another "
-                            f"process: {_holder_text(str(e))}") from None
+                            f"process: {procs.holder_text(str(e))}") from None
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             for line in self.state.begin_process(os.getpid(), [d.name for d in self.devices], options):
@@ -133,8 +133,7 @@ class Campaign:
         rd = rundirs.run_dir(self.configs[rid])
         if not rundirs.is_complete(rd):
             return False
-        conflict = rundirs.config_conflict(rd, self.configs[rid])
-        if conflict:
+        if conflict := rundirs.config_conflict(rd, self.configs[rid]):
             self._fail(rid, conflict)
         else:
             self._complete(rid, note)
@@ -216,8 +215,7 @@ class Campaign:
                 return
             if self._adopt(rid, "already complete before this launch: skipped"):
                 continue
-            holder = procs.lock_holder(rundirs.run_dir(self.configs[rid]))
-            if holder:
+            if holder := procs.lock_holder(rundirs.run_dir(self.configs[rid])):
                 self._locked(rid, holder)
                 continue
             self._launch(rid, free.pop(0))
@@ -283,11 +281,10 @@ class Campaign:
         now = time.monotonic()
         for rid in self.state.with_status(LOCKED):
             rd = rundirs.run_dir(self.configs[rid])
-            holder = procs.lock_holder(rd)
-            if holder:
+            if holder := procs.lock_holder(rd):
                 if now - self.said_locked.setdefault(rid, now) >= RELOCK_REPORT_S:
                     self.said_locked[rid] = now
-                    self.say(f"{rid}: still waiting: {_holder_text(holder)}")
+                    self.say(f"{rid}: still waiting: {holder}")
                 continue
             self.said_locked.pop(rid, None)
             if rundirs.is_complete(rd):
@@ -372,16 +369,10 @@ class Campaign:
         self.state.save()
 
     def _locked(self, rid: str, holder: str) -> None:
-        holder = _holder_text(holder)
+        holder = procs.holder_text(holder)
         self.state.run(rid).update(status=LOCKED, note=holder)
         self.said_locked[rid] = time.monotonic()
         self.say(f"{rid}: not launched: {holder}; waiting for that launch to end (the run lock "
                  "decides: this campaign never runs a second launch beside it)")
         self.state.save()
 
-
-def _holder_text(message: str) -> str:
-    """The trainer's lock refusal, as the campaign reports it (without the trainer's
-    "this launch ... exits", which describes the refused launch, not the campaign)."""
-    message = message.strip().removeprefix("aleph train: error: ")
-    return message.removesuffix("; this launch changed nothing and exits")

@@ -69,8 +69,7 @@ class Site:
 
 def parse_time(text: str, option: str = "--time") -> int:
     """Seconds of a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
-    m = _TIME_RE.fullmatch(text.strip())
-    if not m:
+    if not (m := _TIME_RE.fullmatch(text.strip())):
         raise ConfigError(f"{option} {text!r}: expected a Slurm time limit (minutes, H:MM:SS "
                           "or D-HH:MM:SS)")
     d, a, b, c = (int(x) if x else None for x in m.groups())

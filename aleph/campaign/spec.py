@@ -99,8 +99,7 @@ def make_spec(name: str | None, preset: str, config: str | None, overrides: list
     for what, values in (("--arms", arms), ("--seeds", seeds)):
         if not values:
             raise ConfigError(f"{what}: give at least one")
-        dup = sorted({str(v) for v in values if values.count(v) > 1})
-        if dup:
+        if dup := sorted({str(v) for v in values if values.count(v) > 1}):
             raise ConfigError(f"{what}: {', '.join(dup)} given more than once")
     for seed in seeds:
         if seed < 0:
@@ -180,11 +179,9 @@ def parse_devices(text: str, gpu_count=_gpu_count, visible: str | None = None,
         except ValueError:
             raise ConfigError(f"--devices {text!r}: expected auto, all, GPU indices such as 0,1, "
                               "or cpu:N") from None
-        dup = sorted({i for i in indices if indices.count(i) > 1})
-        if dup:
+        if dup := sorted({i for i in indices if indices.count(i) > 1}):
             raise ConfigError(f"--devices {text!r}: GPU {dup[0]} given more than once")
-        bad = [i for i in indices if not 0 <= i < count]
-        if bad:
+        if bad := [i for i in indices if not 0 <= i < count]:
             raise ConfigError(f"--devices {text!r}: GPU {bad[0]} does not exist; this process "
                               f"sees {count} CUDA device(s) (indices 0-{count - 1})"
                               if count else f"--devices {text!r}: no CUDA device is visible; "

@@ -27,9 +27,8 @@ def run_state(rd) -> tuple[str, str]:
     not started."""
     if rundirs.is_complete(rd):
         return "complete", f"final weights {rundirs.weights_sha256(rd)[:16]}"
-    holder = procs.lock_holder(rd)
-    if holder:
-        return "running", holder.strip().removesuffix("; this launch changed nothing and exits")
+    if holder := procs.lock_holder(rd):
+        return "running", holder
     man = rundirs._manifest(rd)
     launches = [e for e in (man or {}).get("launches") or [] if isinstance(e, dict)]
     if not launches:
