@@ -113,18 +113,14 @@ def train_script(spec: Spec, site: Site, lay: Layout, sdir: Path) -> str:
                     "train", str(sdir / "logs" / "train-%A_%a.out"), site.time_s)
     lines += [f"#SBATCH --array={array}", "#SBATCH --requeue",
               f"#SBATCH --signal=TERM@{site.signal_lead_s}", f"#SBATCH --nodes={site.nodes}"]
-    if site.launcher == "torchrun":
-        lines.append("#SBATCH --ntasks-per-node=1")
-        if site.gpus_per_task:
-            lines.append(f"#SBATCH --gpus-per-node={site.gpus_per_task * site.tasks_per_node}")
-        if site.cpus_per_task:
-            lines.append(f"#SBATCH --cpus-per-task={site.cpus_per_task * site.tasks_per_node}")
-    else:
-        lines.append(f"#SBATCH --ntasks-per-node={site.tasks_per_node}")
-        if site.gpus_per_task:
-            lines.append(f"#SBATCH --gpus-per-task={site.gpus_per_task}")
-        if site.cpus_per_task:
-            lines.append(f"#SBATCH --cpus-per-task={site.cpus_per_task}")
+    # torchrun: one task per node (its agent), holding the GPUs and CPUs of the node's ranks
+    per = site.tasks_per_node if site.launcher == "torchrun" else 1
+    lines.append(f"#SBATCH --ntasks-per-node={site.tasks_per_node // per}")
+    if site.gpus_per_task:
+        gpus = "gpus-per-node" if site.launcher == "torchrun" else "gpus-per-task"
+        lines.append(f"#SBATCH --{gpus}={site.gpus_per_task * per}")
+    if site.cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={site.cpus_per_task * per}")
     lines += _environment(site, lay)
     py, box, m = q(site.python), _container(site, lay), site.max_requeues
     train = ["--arm", '"$ARM"', "--seed", '"$SEED"', *map(q, spec.config_args())]

@@ -97,9 +97,7 @@ def run_slurm(spec: Spec, site: Site, eval_opts: finish.EvalOptions, *, submit: 
         (sdir / "logs").mkdir(parents=True, exist_ok=True)
         for name, text in texts.items():
             atomic_write_text(sdir / name, text)
-        slurm.update(written=utc_now(), dir=str(sdir), files=sorted(texts),
-                     site={k: list(v) if isinstance(v, tuple) else v
-                           for k, v in asdict(site).items()})
+        slurm.update(written=utc_now(), dir=str(sdir), files=sorted(texts), site=asdict(site))
         state.save()
         print(f"scripts written to {sdir}: {', '.join(sorted(texts))}", file=out)
         if note:

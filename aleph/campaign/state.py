@@ -71,8 +71,7 @@ class State:
                           ("processes", list)):
             if not isinstance(d.get(key), kind):
                 raise DataError(f"{p}: field {key!r} missing or not a {kind.__name__}")
-        mine = spec.identity()
-        for key, value in mine.items():
+        for key, value in spec.identity().items():
             if d["spec"].get(key) != value:
                 raise ConfigError(
                     f"{p}: this campaign was started with {key} {d['spec'].get(key)!r}, this "
