@@ -101,16 +101,14 @@ def _consensus(args) -> int:
 
 
 def _extract(args) -> int:
+    from dataclasses import fields
+
+    from aleph.data.captions import open_captions
     from aleph.targets.extract import run_extract
     from aleph.targets.teachers import ExtractOptions
 
-    opts = ExtractOptions(max_length=args.max_length, batch_size=args.batch_size,
-                          chunk_rows=args.chunk_rows, column=args.column,
-                          assume_tflops=args.assume_tflops, shard=args.shard,
-                          estimate_only=args.estimate_only,
-                          consensus_out=args.consensus_out)
-    from aleph.data.captions import open_captions
-
+    # every ExtractOptions field is an option of `targets extract` under the same name
+    opts = ExtractOptions(**{f.name: getattr(args, f.name) for f in fields(ExtractOptions)})
     return run_extract(args.captions, args.out, args.teachers, opts, open_captions)
 
 
