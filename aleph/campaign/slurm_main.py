@@ -118,7 +118,7 @@ def _refuse_live(spec: Spec, slurm: dict) -> None:
     subs = slurm.get("submissions") or []
     if not subs:
         return
-    jobs = recorded_jobs(subs[-1])
+    jobs = list(recorded_jobs(subs[-1]).values())
     live = squeue_lines(jobs)
     if live and not any(x.startswith("squeue") for x in live):
         raise ConfigError(f"campaign {spec.name}: jobs {', '.join(jobs)} of the last "

@@ -73,15 +73,15 @@ def squeue_lines(job_ids: list[str]) -> list[str] | None:
     return got.stdout.splitlines()
 
 
-def _job_order(job_id: str) -> tuple[int, str]:
+def _job_order(job: tuple[str, str]) -> tuple[int, str]:
     """Submission order: Slurm's job ids grow (campaign.json keeps its keys sorted)."""
-    head = str(job_id).split("_")[0]
-    return (int(head) if head.isdigit() else 0, str(job_id))
+    head = str(job[1]).split("_")[0]
+    return (int(head) if head.isdigit() else 0, str(job[1]))
 
 
-def recorded_jobs(submission: dict) -> list[str]:
-    """The job ids of one recorded submission, in submission order."""
-    return sorted((submission.get("jobs") or {}).values(), key=_job_order)
+def recorded_jobs(submission: dict) -> dict[str, str]:
+    """{what: job id} of one recorded submission, in submission order."""
+    return dict(sorted((submission.get("jobs") or {}).items(), key=_job_order))
 
 
 def run_status(name: str, run: str | None = None, out: TextIO | None = None) -> int:
@@ -97,16 +97,14 @@ def run_status(name: str, run: str | None = None, out: TextIO | None = None) -> 
         return 0 if state == "complete" else EXIT_STOPPED if state == "stopped" else 1
     print(f"campaign {name} ({campaign_dir(name)})", file=out)
     for rid, cfg in configs.items():
-        rd = rundirs.run_dir(cfg)
-        state, detail = run_state(rd)
+        state, detail = run_state(rundirs.run_dir(cfg))
         print(f"  {rid:<16} {state:<12} {detail}", file=out)
     subs = (data.get("slurm") or {}).get("submissions") or []
     if not subs:
         print("no Slurm submission recorded (aleph campaign --on slurm --submit)", file=out)
         return 0
-    last = subs[-1]
-    jobs = dict(sorted((last.get("jobs") or {}).items(), key=lambda kv: _job_order(kv[1])))
-    print(f"Slurm jobs submitted {last.get('at')}: "
+    jobs = recorded_jobs(subs[-1])
+    print(f"Slurm jobs submitted {subs[-1].get('at')}: "
           + ", ".join(f"{k} {v}" for k, v in jobs.items()), file=out)
     lines = squeue_lines(list(jobs.values()))
     if lines is None:
@@ -114,8 +112,7 @@ def run_status(name: str, run: str | None = None, out: TextIO | None = None) -> 
     elif not lines:
         print("squeue: none of these jobs is queued or running any more", file=out)
     else:
-        print("squeue (job, name, state, reason, nodes):", file=out)
-        for line in lines:
-            print(f"  {line}", file=out)
+        print("squeue (job, name, state, reason, nodes):", *(f"  {x}" for x in lines), sep="\n",
+              file=out)
     out.flush()
     return 0
