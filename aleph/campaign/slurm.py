@@ -24,7 +24,7 @@ from pathlib import Path
 from aleph.campaign.finish import EvalOptions
 from aleph.campaign.slurm_site import Site, format_time
 from aleph.campaign.spec import Spec
-from aleph.errors import EXIT_STOPPED
+from aleph.errors import EXIT_STOPPED, ConfigError
 
 SLURM_DIR = "slurm"
 TABLE = "train.table"
@@ -40,6 +40,27 @@ class Extraction:
     extract_args: str
     consensus_args: str | None
     python: str
+
+
+def make_extraction(shards: int | None, extract_args: str | None, consensus_args: str | None,
+                    python: str) -> Extraction | None:
+    """The extraction stage of --extract-shards, or None; ConfigError (one line) on bad options."""
+    if shards is None:
+        if extract_args or consensus_args:
+            raise ConfigError("--extract-args/--consensus-args: only with --extract-shards N")
+        return None
+    if shards < 1 or not extract_args:
+        raise ConfigError("--extract-shards: expected N >= 1 and --extract-args (the "
+                          "arguments of aleph targets extract)")
+    words = {"--extract-args": shlex.split(extract_args),
+             "--consensus-args": shlex.split(consensus_args or "")}
+    if bad := [opt for opt, w in words.items() if "--shard" in w]:
+        raise ConfigError(f"{bad[0]}: without --shard (each element adds its own)")
+    if "--consensus-out" in words["--extract-args"]:
+        raise ConfigError("--extract-args: without --consensus-out (the consensus is its "
+                          "own job after every shard: --consensus-args)")
+    return Extraction(shards, shlex.join(words["--extract-args"]),
+                      shlex.join(words["--consensus-args"]) if consensus_args else None, python)
 
 
 @dataclass(frozen=True)

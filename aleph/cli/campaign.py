@@ -165,10 +165,9 @@ def _campaign(args: argparse.Namespace) -> int:
 
 
 def _slurm(args: argparse.Namespace, spec, opts) -> int:
-    import shlex
     import sys
 
-    from aleph.campaign.slurm import Extraction
+    from aleph.campaign.slurm import make_extraction
     from aleph.campaign.slurm_main import run_slurm
     from aleph.campaign.slurm_site import SITE_OPTIONS, make_site
     from aleph.errors import ConfigError
@@ -179,24 +178,8 @@ def _slurm(args: argparse.Namespace, spec, opts) -> int:
     python = args.python or ("python3" if boxed else sys.executable)
     given = ("time", "signal_lead", "sbatch_line", "env", "finish_time", *SITE_OPTIONS)
     site = make_site(python=python, **{k: getattr(args, k) for k in given})
-    extraction = None
-    if args.extract_shards is not None:
-        if args.extract_shards < 1 or not args.extract_args:
-            raise ConfigError("--extract-shards: expected N >= 1 and --extract-args (the "
-                              "arguments of aleph targets extract)")
-        for opt in ("extract_args", "consensus_args"):
-            if getattr(args, opt) and "--shard" in shlex.split(getattr(args, opt)):
-                raise ConfigError(f"--{opt.replace('_', '-')}: without --shard (each element "
-                                  "adds its own)")
-        if "--consensus-out" in shlex.split(args.extract_args):
-            raise ConfigError("--extract-args: without --consensus-out (the consensus is its "
-                              "own job after every shard: --consensus-args)")
-        extraction = Extraction(args.extract_shards, shlex.join(shlex.split(args.extract_args)),
-                                shlex.join(shlex.split(args.consensus_args))
-                                if args.consensus_args else None,
-                                args.extract_python or python)
-    elif args.extract_args or args.consensus_args:
-        raise ConfigError("--extract-args/--consensus-args: only with --extract-shards N")
+    extraction = make_extraction(args.extract_shards, args.extract_args, args.consensus_args,
+                                 args.extract_python or python)
     return run_slurm(spec, site, opts, submit=args.submit, dry_run=args.dry_run,
                      published=args.published, repo=str(args.repo) if args.repo else None,
                      extraction=extraction)
