@@ -70,15 +70,10 @@ def split_secrets(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
     """(`--set` items without the secret fields, {secret field: its value})."""
     from aleph.train.config_text import parse_override
 
-    public, secrets = [], {}
-    for item in overrides:
-        if not _is_secret(item):
-            public.append(item)  # parsed and checked by the resolver, as the trainer does
-            continue
-        key, value = parse_override(item)
-        if value:  # an empty value sets no secret (the child keeps its own HF_TOKEN)
-            secrets[key] = str(value)
-    return public, secrets
+    public = [item for item in overrides if not _is_secret(item)]  # checked by the resolver
+    secrets = [parse_override(item) for item in overrides if _is_secret(item)]
+    # an empty value sets no secret (the child keeps its own HF_TOKEN)
+    return public, {key: str(value) for key, value in secrets if value}
 
 
 def redact_overrides(overrides: list[str]) -> list[str]:
@@ -101,9 +96,8 @@ def make_spec(name: str | None, preset: str, config: str | None, overrides: list
             raise ConfigError(f"{what}: give at least one")
         if dup := sorted({str(v) for v in values if values.count(v) > 1}):
             raise ConfigError(f"{what}: {', '.join(dup)} given more than once")
-    for seed in seeds:
-        if seed < 0:
-            raise ConfigError(f"--seeds: {seed} is negative; seeds are integers >= 0")
+    if negative := [seed for seed in seeds if seed < 0]:
+        raise ConfigError(f"--seeds: {negative[0]} is negative; seeds are integers >= 0")
     if name is None:
         name = os.path.splitext(os.path.basename(config))[0] if config else preset
     if not NAME_RE.fullmatch(name):
