@@ -16,7 +16,7 @@ from pathlib import Path
 from aleph._io import atomic_write_json, atomic_write_text, read_json
 from aleph.campaign import rundirs
 from aleph.campaign.state import COMPLETE, FAILED
-from aleph.errors import AlephError
+from aleph.errors import AlephError, DataError
 from aleph.record.layout import RunLayout
 from aleph.train.identity import utc_now
 
@@ -41,7 +41,6 @@ def check_eval_inputs(configs: dict, opts: EvalOptions) -> None:
     """Load the evaluation tasks (and probe files) the runs will be scored on, before any
     training: a missing STS task or offline bundle fails the campaign now, in one line,
     not after days of training."""
-    from aleph.errors import DataError
     from aleph.eval.probe_data import resolve_probe
     from aleph.eval.runner import default_tasks
     from aleph.eval.tasks import load_tasks, parse_task_names
