@@ -128,8 +128,7 @@ def _container(site: Site, lay: Layout) -> str:
 
 
 def train_script(spec: Spec, site: Site, lay: Layout, sdir: Path) -> str:
-    n = len(spec.runs())
-    array = f"0-{n - 1}" + (f"%{site.array_limit}" if site.array_limit else "")
+    array = f"0-{len(spec.runs()) - 1}" + (f"%{site.array_limit}" if site.array_limit else "")
     lines = _header(spec, site, f"the training array, one element per (arm, seed) of {TABLE}",
                     "train", str(sdir / "logs" / "train-%A_%a.out"), site.time_s)
     lines += [f"#SBATCH --array={array}", "#SBATCH --requeue",
@@ -145,9 +144,8 @@ def train_script(spec: Spec, site: Site, lay: Layout, sdir: Path) -> str:
     lines += _environment(site, lay)
     py, box, m = q(site.python), _container(site, lay), site.max_requeues
     train = ["--arm", '"$ARM"', "--seed", '"$SEED"', *map(q, spec.config_args())]
-    table = q(sdir / TABLE)
     lines += [
-        "", f"TABLE={table}",
+        "", f"TABLE={q(sdir / TABLE)}",
         'row=$(awk -F "\\t" -v i="$SLURM_ARRAY_TASK_ID" \'$1 == i {print $2, $3, $4}\' "$TABLE")',
         'read -r ARM SEED RUN <<< "$row"',
         'if [ -z "${RUN:-}" ]; then',
