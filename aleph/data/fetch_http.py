@@ -1,18 +1,12 @@
 """The HTTP half of `aleph data fetch --captions`: a file's record by HEAD and a resumable,
 bounded GET into a partial file, against a server that may be hostile.
 
-Both go through huggingface_hub's HTTP session and headers (HF_TOKEN, HF_ENDPOINT apply)
-with redirects followed here, not by the library: at most `FetchLimits.redirects` per
-request (HEAD: same-origin only, as huggingface_hub does; GET: any, the token dropped when
-the origin changes). The GET asks for `Accept-Encoding: identity`, refuses a response
-with any other Content-Encoding and reads the raw body, so nothing is ever decoded into the
-file; it writes at most the bytes still missing of the announced size and refuses the
-response once one byte more arrives. One deadline covers the whole download (every attempt,
-every read), and a transfer slower than `min_rate` over a `rate_window_s` is cut (and
-resumed by the next attempt, `attempts` in all); an alarm (`hard_deadline`) also ends a
-request whose response headers trickle in byte by byte. Redirects must stay http(s). The partial file is opened with
-O_NOFOLLOW and O_NONBLOCK and checked with fstat: a symlink, a FIFO or anything but a
-regular file is refused in one line before a byte is written, and never removed.
+huggingface_hub's session (HF_TOKEN, HF_ENDPOINT apply), redirects followed here: at most
+`FetchLimits.redirects`, http(s) only (HEAD: same origin; GET: the token dropped across
+origins). The GET reads the raw body of an identity encoding, never more than the announced
+size; one deadline covers every attempt, a transfer below `min_rate` is cut and resumed, and
+`hard_deadline` ends headers that trickle in. The partial file is `open_write_nofollow`ed:
+a link or FIFO is refused before a byte is written, and never removed.
 """
 
 from __future__ import annotations
@@ -64,20 +58,17 @@ class FetchLimits:
         out = {}
         for f in fields(cls):
             name = ENV_PREFIX + f.name.upper()
-            text = env.get(name)
-            if text is None:
+            if (text := env.get(name)) is None:
                 continue
-            kind = int if f.type == "int" else float
+            kind, zero_ok = int if f.type == "int" else float, f.name == "redirects"
             try:
                 value = kind(text)
             except ValueError:
                 value = None
-            low = 0 if f.name == "redirects" else None  # the others must be > 0
-            if value is None or not math.isfinite(value) or \
-                    (value < low if low is not None else value <= 0):
+            if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
                 raise ConfigError(f"{name}={text!r}: expected "
                                   f"{'an integer' if kind is int else 'a number'} "
-                                  f"{'>= 0' if low is not None else '> 0'}")
+                                  f"{'>= 0' if zero_ok else '> 0'}")
             out[f.name] = value
         return replace(cls(), **out)
 
@@ -89,8 +80,8 @@ class TransferCut(Exception):
 @contextmanager
 def hard_deadline(deadline: float, what: str):
     """A DataError naming `what` at `deadline` (time.monotonic()), whatever the code inside
-    is waiting on: per-read timeouts cannot bound a server that trickles its response
-    headers byte by byte. SIGALRM in the main thread; elsewhere the per-read bounds only."""
+    waits on (per-read timeouts cannot bound headers trickled byte by byte). SIGALRM: in
+    the main thread only; elsewhere the per-read bounds alone."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -115,10 +106,9 @@ def _origin(url: str) -> tuple[str, str]:
 
 def send(method: str, url: str, headers: dict, limits: FetchLimits, deadline: float, *,
          same_origin_only: bool):
-    """The streamed response to `method url` after at most `limits.redirects` redirects
-    (with same_origin_only, a redirect elsewhere is returned as it is, as huggingface_hub
-    does for a file record); Authorization is dropped when the origin changes. The caller
-    closes it. Raises DataError beyond the redirect limit."""
+    """The streamed response (the caller closes it) to `method url` after at most
+    `limits.redirects` redirects, else a DataError; with same_origin_only a redirect
+    elsewhere is returned as it is (as huggingface_hub does for a file record)."""
     import httpx
     from huggingface_hub.utils import get_session
 
@@ -148,14 +138,13 @@ def send(method: str, url: str, headers: dict, limits: FetchLimits, deadline: fl
 
 
 def hub_headers() -> dict:
-    """The headers of every request: the user's hub token (HF_TOKEN, or a saved login) and
+    """The headers of every request: the hub token (HF_TOKEN, or a saved login) and
     `Accept-Encoding: identity`. Not huggingface_hub's build_hf_headers: that first GETs the
     endpoint's /api/agent-harnesses (telemetry) with unbounded redirects and reads."""
     from huggingface_hub import get_token
 
     headers = {"User-Agent": "aleph-e1/data-fetch", "Accept-Encoding": "identity"}
-    token = get_token()
-    if token:
+    if token := get_token():
         headers["Authorization"] = f"Bearer {token}"
     return headers
 
@@ -164,10 +153,9 @@ _DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 def file_record(url: str, what: str, limits: FetchLimits) -> dict:
-    """{'commit', 'size', 'sha256'} of the file at `url` from a HEAD (huggingface_hub's
-    headers, `Accept-Encoding: identity`): X-Repo-Commit, X-Linked-Etag (else ETag) and
-    X-Linked-Size (else Content-Length). Raises DataError naming `what` and the bad value;
-    network and HTTP errors propagate (the caller words them)."""
+    """{'commit', 'size', 'sha256'} of the file at `url` from a HEAD: X-Repo-Commit,
+    X-Linked-Etag (else ETag), X-Linked-Size (else Content-Length). A bad size is a
+    DataError naming `what`; network and HTTP errors propagate (the caller words them)."""
     from huggingface_hub.utils import hf_raise_for_status
 
     headers = hub_headers()
@@ -191,10 +179,8 @@ def _not_ours(part: Path, kind: str) -> DataError:
 
 
 def open_partial(part: Path, resume: bool) -> int:
-    """A write fd of the partial file `part` (`aleph._io.open_write_nofollow`: created if
-    missing, never through a symlink, never blocking on a FIFO, a regular file checked by
-    fstat before anything is written); appended to when `resume`, else emptied. A path that
-    is not a regular file is a DataError (and is left as it is)."""
+    """A write fd of the partial file `part` (`aleph._io.open_write_nofollow`), appended to
+    when `resume`, else emptied; not a regular file: a DataError, the path left as it is."""
     try:
         return open_write_nofollow(part, append=resume, truncate=not resume)
     except NotRegularFile as e:
@@ -216,9 +202,8 @@ def partial_size(part: Path) -> int:
 
 def get_into(url: str, part: Path, have: int, size: int, limits: FetchLimits,
              deadline: float) -> None:
-    """One GET of bytes `have`.. of a `size`-byte file into `part` (a Range request when
-    `have`; a 200 answer restarts from 0). Raises TransferCut for what a retry may mend, and
-    DataError for a response that breaks the bounds (deadline, encoding, longer body)."""
+    """One GET of bytes `have`.. of a `size`-byte file into `part` (a 200 answer restarts
+    from 0). TransferCut for what a retry may mend, DataError for a broken bound."""
     from huggingface_hub.utils import hf_raise_for_status
 
     headers = hub_headers()
