@@ -239,36 +239,43 @@ def number_order_clash(names: list[str]) -> tuple[str, str] | None:
     return next(((a, b) for a, b in zip(names, by_number, strict=True) if a != b), None)
 
 
-def _open_checked(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
-    """os.open with O_NONBLOCK (the open never waits on a FIFO), then the fstat of what was
-    opened decides (no race with a swap after a stat): a regular file's blocking fd, else
-    `NotRegularFile` (a refused O_NOFOLLOW link included)."""
-    try:
-        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    except OSError as e:
-        if e.errno == errno.ELOOP and flags & os.O_NOFOLLOW:
-            raise NotRegularFile(path, stat.S_IFLNK) from None
-        raise
-    st_mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(st_mode):
+def _regular_fd(fd: int, path: str | os.PathLike) -> int:
+    """`fd`, made blocking, when fstat says it is a regular file (no race with a swap after
+    a stat); else it is closed and `NotRegularFile` raised."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
-        raise NotRegularFile(path, st_mode)
+        raise NotRegularFile(path, mode)
     os.set_blocking(fd, True)
     return fd
 
 
 def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
-    """A read-only fd of a regular file (`_open_checked`); follow=False refuses a link."""
-    return _open_checked(path, os.O_RDONLY | (0 if follow else os.O_NOFOLLOW))
+    """A read-only fd of a regular file (`_regular_fd`); O_NONBLOCK keeps the open itself
+    from waiting on a FIFO; with follow=False a symbolic link is refused (O_NOFOLLOW)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow:
+            raise NotRegularFile(path, stat.S_IFLNK) from None
+        raise
+    return _regular_fd(fd, path)
 
 
 def open_write_nofollow(path: str | os.PathLike, *, append: bool = False,
                         truncate: bool = False, mode: int = 0o666) -> int:
     """A read-write fd of the regular file `path`, created if missing (`mode` less the
-    umask), never through a link (O_NOFOLLOW), checked by `_open_checked`; appending when
-    `append`, emptied when `truncate`, which happens only after the check."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else 0)
-    fd = _open_checked(path, flags, mode)
+    umask): never through a symbolic link (O_NOFOLLOW), never blocking on a FIFO
+    (O_NONBLOCK), checked by `_regular_fd`; appending when `append`, emptied when
+    `truncate`, which happens only after the check."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = _regular_fd(os.open(path, flags | (os.O_APPEND if append else 0), mode), path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotRegularFile(path, stat.S_IFLNK) from None
+        raise
     if truncate:
         os.ftruncate(fd, 0)
     return fd

@@ -26,8 +26,9 @@ from typing import Any
 from aleph._io import (
     atomic_write_json,
     atomic_write_text,
+    check_record,
     fsync_dir,
-    read_json_bounded,
+    read_json_record,
     sha256_file,
     work_root,
 )
@@ -66,20 +67,13 @@ def read_manifest(root: Path | None = None) -> dict[str, Any] | None:
     path = (root if root is not None else bundle_root()) / MANIFEST
     if not path.is_file():
         return None
-    try:  # a bundle copied from elsewhere: a regular file, bounded size and depth
-        man = read_json_bounded(path, MANIFEST_MAX_BYTES, follow=False)
-    except OSError as e:
-        raise DataError(f"{path}: {e.strerror or e}; re-run `aleph data fetch`") from None
+    try:  # a bundle copied from elsewhere: a regular file (no link), bounded size and depth
+        man = read_json_record(path, MANIFEST_MAX_BYTES)
+        if (got := (man.get("format"), man.get("version"))) != (FORMAT, VERSION):
+            raise ValueError(f"format {got!r}, expected ({FORMAT!r}, {VERSION})")
+        return check_record(man, {"tokenizers": dict, "sts": dict})
     except ValueError as e:
-        raise DataError(f"{path}: invalid JSON ({e}); re-run `aleph data fetch`") from None
-    if not isinstance(man, dict) or (man.get("format"), man.get("version")) != (FORMAT, VERSION):
-        got = (man.get("format"), man.get("version")) if isinstance(man, dict) else type(man).__name__
-        raise DataError(f"{path}: format {got!r}, expected ({FORMAT!r}, {VERSION}); re-run "
-                        "`aleph data fetch`")
-    for key in ("tokenizers", "sts"):
-        if not isinstance(man.get(key), dict):
-            raise DataError(f"{path}: field {key!r} is {man.get(key)!r}, expected an object")
-    return man
+        raise DataError(f"{path}: {e}; re-run `aleph data fetch`") from None
 
 
 def _update_manifest(root: Path, section: str, name: str, entry: dict) -> None:

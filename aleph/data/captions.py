@@ -38,7 +38,7 @@ class CaptionsHasher:
         if not batch:
             return
         try:
-            data = "\n".join(batch).encode("utf-8")
+            data = ("\n".join(batch) + "\n").encode("utf-8")
         except UnicodeEncodeError:
             for i, c in enumerate(batch):
                 try:
@@ -48,7 +48,6 @@ class CaptionsHasher:
                                     f"({e.reason} at character {e.start}); expected valid Unicode text") from None
             raise
         self._h.update(data)
-        self._h.update(b"\n")
         self.rows += len(batch)
 
     def update_arrow(self, arr) -> None:
@@ -170,33 +169,33 @@ class CaptionSource:
                 yield
 
     # --- text and JSON ---------------------------------------------------------------------
-    def _text_blocks(self) -> Iterator[list[str]]:
-        """Lines of a text file, a block at a time, split on \\n only (a caption may hold
-        U+2028 and the others str.splitlines splits on), a trailing \\r dropped. A line
-        over `readers.MAX_LINE_BYTES` is refused once that many bytes are held."""
+    def _line_blocks(self) -> Iterator[tuple[bytes, int]]:
+        """(whole lines without their last \\n, first line number), a block at a time, then an
+        unterminated last line. A line over `readers.MAX_LINE_BYTES` is refused once that
+        many bytes are held, so a file without newlines cannot take the memory."""
         line_no, carry = 1, b""
         with readers.Stream(self.path) as f:
-            while True:
-                block = f.read(_BLOCK)
-                if not block:
-                    break
+            while block := f.read(_BLOCK):
                 data = carry + block
                 cut = data.rfind(b"\n") + 1
                 first = data.find(b"\n") if cut else len(data)
                 if first > readers.MAX_LINE_BYTES:  # the only line that can span blocks
-                    self._too_long(line_no)
+                    raise DataError(f"{self.path}:{line_no}: line longer than "
+                                    f"{readers.MAX_LINE_BYTES:,} bytes; expected one caption per line")
                 if cut == 0:
                     carry = data
                     continue
                 carry = data[cut:]
-                yield self._decode_lines(data[:cut - 1], line_no)
+                yield data[:cut - 1], line_no
                 line_no += data.count(b"\n", 0, cut)
         if carry:
-            yield self._decode_lines(carry, line_no)
+            yield carry, line_no
 
-    def _too_long(self, line_no: int):
-        raise DataError(f"{self.path}:{line_no}: line longer than {readers.MAX_LINE_BYTES:,} "
-                        "bytes; expected one caption per line")
+    def _text_blocks(self) -> Iterator[list[str]]:
+        """Lines of a text file, split on \\n only (a caption may hold U+2028 and the others
+        str.splitlines splits on), a trailing \\r dropped."""
+        for data, line_no in self._line_blocks():
+            yield self._decode_lines(data, line_no)
 
     def _decode_lines(self, data: bytes, first_line: int) -> list[str]:
         """Text lines of `data` (UTF-8 only: a NUL byte, as UTF-16 text has, is refused)."""
@@ -213,19 +212,8 @@ class CaptionSource:
         return [s.removesuffix("\r") for s in text.split("\n")]
 
     def _count_text(self) -> int:
-        """Newlines, plus an unterminated last line, with `_text_blocks`' line bound."""
-        n, since = 0, 0  # since: bytes after the last newline so far
-        with readers.Stream(self.path) as f:
-            while block := f.read(_BLOCK):
-                first = block.find(b"\n")
-                if since + (first if first >= 0 else len(block)) > readers.MAX_LINE_BYTES:
-                    self._too_long(n + 1)
-                if first < 0:
-                    since += len(block)
-                    continue
-                n += block.count(b"\n")
-                since = len(block) - block.rfind(b"\n") - 1
-        return n + (1 if since else 0)
+        """Lines (`_line_blocks`: an unterminated last one counts), none of them decoded."""
+        return sum(data.count(b"\n") + 1 for data, _ in self._line_blocks())
 
     def _jsonl_lines(self) -> Iterator[str]:
         for n, obj in readers.jsonl_objects(self.path):

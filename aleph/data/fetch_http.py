@@ -34,11 +34,9 @@ class FetchLimits:
     """Every bound of one `data fetch --captions` call, declared here and nowhere else."""
 
     deadline_s: float = 6 * 3600.0
-    """Wall-clock seconds for the whole download, all attempts and reads together (the
-    real 3.58 GB file takes an hour at 1 MB/s)."""
+    """Seconds for the whole download, all attempts together (3.58 GB: an hour at 1 MB/s)."""
     min_rate: float = 32 * 1024
-    """Bytes per second a transfer must average over each `rate_window_s`; a slower one
-    is cut (its bytes kept for the next attempt to resume from)."""
+    """Bytes/s a transfer must average over each `rate_window_s`, else cut and resumed."""
     rate_window_s: float = 60.0
     """Seconds over which `min_rate` is measured; also the longest wait for one read."""
     connect_timeout_s: float = 30.0
@@ -206,33 +204,31 @@ def get_into(url: str, part: Path, have: int, size: int, limits: FetchLimits,
     from 0). TransferCut for what a retry may mend, DataError for a broken bound."""
     from huggingface_hub.utils import hf_raise_for_status
 
-    headers = hub_headers()
+    headers, what = hub_headers(), f"GET {urlsplit(url).path}"
     if have:
         headers["Range"] = f"bytes={have}-"
-    with hard_deadline(deadline + limits.rate_window_s, f"GET {urlsplit(url).path}"), \
+    with hard_deadline(deadline + limits.rate_window_s, what), \
             closing(send("GET", url, headers, limits, deadline, same_origin_only=False)) as r:
         hf_raise_for_status(r)
         encoding = r.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            raise DataError(f"GET {urlsplit(url).path}: Content-Encoding {encoding[:40]!r}; "
-                            "expected the file's own bytes (identity), asked for with "
-                            "Accept-Encoding: identity; refused, nothing written")
+            raise DataError(f"{what}: Content-Encoding {encoding[:40]!r}; expected the file's "
+                            "own bytes (identity), asked for with Accept-Encoding: identity; "
+                            "refused, nothing written")
         resumed = bool(have) and r.status_code == 206
         start = have if resumed else 0
         want = size - start
         length = r.headers.get("content-length")
         if length is not None and length.strip() != str(want):
-            raise DataError(f"GET {urlsplit(url).path}: Content-Length {length[:40]!r}, "
-                            f"expected {want:,} (bytes {start:,}.. of the announced "
-                            f"{size:,}); refused, nothing written")
-        fd = open_partial(part, resumed)
-        with os.fdopen(fd, "wb") as f:
-            _copy(r, f, want, size, limits, deadline, url)
+            raise DataError(f"{what}: Content-Length {length[:40]!r}, expected {want:,} (bytes "
+                            f"{start:,}.. of the announced {size:,}); refused, nothing written")
+        with os.fdopen(open_partial(part, resumed), "wb") as f:
+            _copy(r, f, want, size, limits, deadline, what)
             f.flush()
             os.fsync(f.fileno())
 
 
-def _copy(r, f, want: int, size: int, limits: FetchLimits, deadline: float, url: str) -> None:
+def _copy(r, f, want: int, size: int, limits: FetchLimits, deadline: float, what: str) -> None:
     """Raw body bytes into `f`, at most `want`; checks the deadline and the rate per read."""
     import httpx
 
@@ -243,14 +239,13 @@ def _copy(r, f, want: int, size: int, limits: FetchLimits, deadline: float, url:
             f.write(take)
             got += len(take)
             if len(take) < len(chunk):
-                raise DataError(f"GET {urlsplit(url).path}: the body is longer than the "
-                                f"announced {size:,} bytes; refused after writing those")
+                raise DataError(f"{what}: the body is longer than the announced {size:,} "
+                                "bytes; refused after writing those")
             now = time.monotonic()
             if now > deadline:
-                raise DataError(f"GET {urlsplit(url).path}: not done within the "
-                                f"{limits.deadline_s:g} s deadline ({got:,} of {want:,} bytes "
-                                f"this attempt; limit: {ENV_PREFIX}DEADLINE_S); run it again "
-                                "to resume")
+                raise DataError(f"{what}: not done within the {limits.deadline_s:g} s deadline "
+                                f"({got:,} of {want:,} bytes this attempt; limit: "
+                                f"{ENV_PREFIX}DEADLINE_S); run it again to resume")
             window_bytes += len(take)
             if now - window_start >= limits.rate_window_s:
                 rate = window_bytes / (now - window_start)
