@@ -41,9 +41,8 @@ class StopFlag:
         self.mode = "flag"
         self.repeats = 0
         """Signals after the first (each ignored: one stop)."""
-        self._old = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._old[sig] = signal.signal(sig, self._handle)
+        self._old = {sig: signal.signal(sig, self._handle)
+                     for sig in (signal.SIGTERM, signal.SIGINT)}
         self.set_mode(mode)
 
     def _handle(self, signum, frame) -> None:

@@ -281,12 +281,10 @@ def preflight_alignment(source: str, column: str, targets: Sequence[str], tokeni
            "targets": source_fingerprint(source_stats(targets)),
            "tokenizer": tokenizer_fingerprint(tokenizer), "sample": PREFLIGHT_SAMPLE}
     memo = work_root() / "cache" / "alignment" / f"{sha256_json(key)[:16]}.json"
-    saved = {}
-    if memo.is_file():
-        try:
-            saved = read_json(memo)
-        except ValueError:
-            saved = {}  # written atomically, so a hand edit: check again
+    try:
+        saved = read_json(memo) if memo.is_file() else {}
+    except ValueError:
+        saved = {}  # written atomically, so a hand edit: check again
     if saved.get("key") == key and isinstance(saved.get("result"), dict):
         result, how = saved["result"], f" (memoised, {memo.name})"
     else:

@@ -181,7 +181,8 @@ class CaptionSource:
                 first = data.find(b"\n") if cut else len(data)
                 if first > readers.MAX_LINE_BYTES:  # the only line that can span blocks
                     raise DataError(f"{self.path}:{line_no}: line longer than "
-                                    f"{readers.MAX_LINE_BYTES:,} bytes; expected one caption per line")
+                                    f"{readers.MAX_LINE_BYTES:,} bytes; expected one caption "
+                                    "per line")
                 if cut == 0:
                     carry = data
                     continue

@@ -63,7 +63,8 @@ class FetchLimits:
                 value = kind(text)
             except ValueError:
                 value = None
-            if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            bad = value is None or not math.isfinite(value) or value < 0
+            if bad or (value == 0 and not zero_ok):
                 raise ConfigError(f"{name}={text!r}: expected "
                                   f"{'an integer' if kind is int else 'a number'} "
                                   f"{'>= 0' if zero_ok else '> 0'}")

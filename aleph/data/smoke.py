@@ -80,8 +80,8 @@ def _manifest_ok(root: Path, rows: int, seed: int) -> bool:
     except ValueError:
         return False
     want = {"format": FORMAT, "version": VERSION, "rows": rows, "seed": seed}
-    if not isinstance(man, dict) or any(man.get(k) != v for k, v in want.items()) \
-            or not isinstance(man.get("files"), dict) or not isinstance(man.get("chunk_rows"), list):
+    if not isinstance(man, dict) or any(man.get(k) != v for k, v in want.items()) or not (
+            isinstance(man.get("files"), dict) and isinstance(man.get("chunk_rows"), list)):
         return False
     files = man["files"]
     return bool(files) and all(
