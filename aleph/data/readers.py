@@ -126,16 +126,11 @@ class Parquet:
     def batches(self, columns: list[str], rows: int) -> Iterator:
         """pyarrow RecordBatches of `columns`, at most `rows` rows each (no columns: one
         per row group, of its row count), in row order, read on this thread."""
-        it = self.file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
-        while True:
-            try:
-                rb = next(it)
-            except StopIteration:
-                return
-            except Exception as e:  # a damaged data page after a readable footer
-                cols = f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {columns} are"
-                raise DataError(f"{self.path}: {cols} not readable ({_arrow_why(e)})") from None
-            yield rb
+        try:  # the consumer's own errors never reach here: only the reader's
+            yield from self.file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
+        except Exception as e:  # a damaged data page after a readable footer
+            cols = f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {columns} are"
+            raise DataError(f"{self.path}: {cols} not readable ({_arrow_why(e)})") from None
 
 
 def _arrow_why(e: Exception) -> str:
