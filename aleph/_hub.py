@@ -1,22 +1,16 @@
 """huggingface_hub against a server the project does not trust (an HF_ENDPOINT mirror).
 
-huggingface_hub (0.36 in the teacher set, 1.x in the E1 stack) turns what the server says
-into paths without checking it: a file's ETag becomes `blobs/<etag>` and
-`locks/<repo>/<etag>.lock` in the cache (and part of a `.incomplete` name beside a
-local_dir), the X-Repo-Commit header becomes `snapshots/<commit>/` and, on a 404,
-`.no_exist/<commit>/`; a repo listing's names become paths under the snapshot. An ETag of
-`../` segments wrote a file and its lock where the server chose, outside HF_HOME.
+huggingface_hub turns what the server says into cache paths unchecked: an ETag becomes
+`blobs/<etag>` and `locks/<repo>/<etag>.lock`, X-Repo-Commit `snapshots/<commit>/` (on a 404
+`.no_exist/<commit>/`), a listing's names paths under the snapshot. An ETag of `../`
+segments wrote a file where the server chose, outside HF_HOME.
 
-- `guard_hub()` wraps the two functions through which every per-file answer reaches those
-  paths (`file_download.get_hf_file_metadata`, the HEAD, including the headers of a 404,
-  and `file_download._get_metadata_or_catch_error`, which also rebuilds answers from a
-  cached tree listing), so an ETag that is not 8-128 hex digits or a commit that is not 40
-  hex digits raises `HubAnswerRefused` (one line, exit 2) before the library writes a byte.
-  Installed once per process, for every later download; it only ever refuses. If a
-  huggingface_hub version lacks either function the guard refuses to run (fails closed).
-- `check_commit` and `check_repo_name` check a listing (its commit, its file names: no
-  `..` or `.` part, not absolute, no backslash, no empty part, no control character) before
-  any of its names is used.
+- `guard_hub()` wraps the two functions every per-file answer passes through
+  (`get_hf_file_metadata`, a 404's headers included, and `_get_metadata_or_catch_error`,
+  which also rebuilds answers from a cached listing): an ETag that is not 8-128 hex digits
+  or a commit not 40 raises `HubAnswerRefused` (exit 2) before a byte is written. A
+  version lacking either function is refused (fails closed).
+- `check_commit` and `check_repo_name` check a listing before any of its names is used.
 """
 
 from __future__ import annotations
@@ -46,6 +40,14 @@ def check_etag(etag: object, url: object = None) -> None:
         raise HubAnswerRefused(f"{_where(url)}: ETag {short_repr(etag, 80)} is not a hex "
                                "digest (8-128 hex digits); refused before huggingface_hub "
                                "made a path of it")
+
+
+def _check_answer(url: object, etag: object, commit: object) -> None:
+    """A server's ETag and commit for `url`, each checked when it is there."""
+    if commit is not None:
+        check_commit(commit, _where(url))
+    if etag is not None:
+        check_etag(etag, url)
 
 
 def check_commit(commit: object, where: str) -> str:
@@ -84,23 +86,14 @@ def guard_hub() -> None:
             m = meta(*args, **kwargs)
         except Exception as e:  # a 404's X-Repo-Commit becomes .no_exist/<commit>/
             headers = getattr(getattr(e, "response", None), "headers", None) or {}
-            commit = headers.get("X-Repo-Commit")
-            if commit is not None:
-                check_commit(commit, _where(url))
+            _check_answer(url, None, headers.get("X-Repo-Commit"))
             raise
-        if m.commit_hash is not None:
-            check_commit(m.commit_hash, _where(url))
-        if m.etag is not None:
-            check_etag(m.etag, url)
+        _check_answer(url, m.etag, m.commit_hash)
         return m
 
     def checked_either(*args, **kwargs):
         got = either(*args, **kwargs)
-        url, etag, commit = got[0], got[1], got[2]
-        if etag is not None:
-            check_etag(etag, url)
-        if commit is not None:
-            check_commit(commit, _where(url))
+        _check_answer(*got[:3])  # (url, etag, commit, ...)
         return got
 
     setattr(checked_metadata, _MARK, True)

@@ -1,9 +1,5 @@
-"""Small file helpers shared by every subpackage: atomic writes and hashing.
-
-Writes that matter go to a temporary file in the same directory, are fsynced, then
-renamed over the destination, and the directory is fsynced, so a crash leaves either
-the old file or the new one, never a torn one.
-"""
+"""File helpers shared by every subpackage: atomic writes (temp file, fsync, rename, fsync
+dir: a crash leaves the old file or the new one), bounded reads of regular files, hashing."""
 
 from __future__ import annotations
 
@@ -81,15 +77,11 @@ def disk_full_message(path: str | os.PathLike, e: OSError, needed: int | None = 
 
 
 class DurableWriter:
-    """Bytes into a file, durably (the resume state, the token store, the target store):
-    each buffer written whole (pwrite continues a short write) and hashed on the way
-    (`sha256`); every `flush_bytes` fdatasync'ed and dropped from page cache, which the
-    container's memory cgroup is charged for. `create(path, size)` makes a new file (O_EXCL:
-    nothing there, link or leftover, is followed or taken over; mode 0o666 less the umask)
-    with `size` bytes reserved, so a full disk fails up front; `DurableWriter(fd, path,
-    offset)` writes into an open file. A failure raises `error(line)` (default an OSError,
-    errno kept): one line naming the file (`label`) and what failed, for a full disk also
-    the bytes `needed` vs free."""
+    """Bytes into a file, durably, hashed on the way (`sha256`); every `flush_bytes`
+    fdatasync'ed and dropped from page cache (the memory cgroup is charged for it).
+    `create(path, size)` makes a new file with O_EXCL (nothing there is followed or taken
+    over) and reserves `size` bytes, so a full disk fails up front. A failure raises
+    `error(line)` (default OSError, errno kept) naming `label` and what failed."""
 
     def __init__(self, fd: int, path: str | os.PathLike, offset: int = 0, *,
                  flush_bytes: int = 64 << 20, size: int | None = None,
@@ -177,14 +169,8 @@ class DurableWriter:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = True) -> None:
     """Write `data` to `path` atomically (temp file, fsync, rename, fsync dir).
 
-    replace=False publishes with a hard link instead of the rename: FileExistsError when
-    `path` is already there (another writer took that name), which is never overwritten.
-
-    The file gets the mode an ordinary `open(path, "w")` would give it (0o666 less the
-    umask), not mkstemp's 0o600: run records on a shared work volume must stay readable
-    by the other services and users that read them. Running out of room raises an OSError
-    (errno kept) whose message names `path` and the bytes needed vs free.
-    """
+    replace=False publishes with a hard link: FileExistsError when `path` exists. The mode
+    is `file_mode()`, not mkstemp's 0o600: records on a shared volume must stay readable."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -253,17 +239,9 @@ def number_order_clash(names: list[str]) -> tuple[str, str] | None:
     return next(((a, b) for a, b in zip(names, by_number, strict=True) if a != b), None)
 
 
-def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
-    """A read-only fd of a regular file. O_NONBLOCK keeps the open itself from waiting on a
-    FIFO; the fstat of what was opened decides (no race with a swap after a stat); with
-    follow=False a symbolic link is refused (O_NOFOLLOW)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        if e.errno == errno.ELOOP and not follow:
-            raise NotRegularFile(path, stat.S_IFLNK) from None
-        raise
+def _regular_fd(fd: int, path: str | os.PathLike) -> int:
+    """`fd`, made blocking, when fstat says it is a regular file (no race with a swap after
+    a stat); else it is closed and `NotRegularFile` raised."""
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
@@ -272,38 +250,40 @@ def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
     return fd
 
 
+def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
+    """A read-only fd of a regular file (`_regular_fd`); O_NONBLOCK keeps the open itself
+    from waiting on a FIFO; with follow=False a symbolic link is refused (O_NOFOLLOW)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow:
+            raise NotRegularFile(path, stat.S_IFLNK) from None
+        raise
+    return _regular_fd(fd, path)
+
+
 def open_write_nofollow(path: str | os.PathLike, *, append: bool = False,
                         truncate: bool = False, mode: int = 0o666) -> int:
     """A read-write fd of the regular file `path`, created if missing (`mode` less the
     umask): never through a symbolic link (O_NOFOLLOW), never blocking on a FIFO
-    (O_NONBLOCK), refused unless fstat says it is a regular file (`NotRegularFile`);
-    appending when `append`, emptied when `truncate`, which happens only after the check."""
+    (O_NONBLOCK), checked by `_regular_fd`; appending when `append`, emptied when
+    `truncate`, which happens only after the check."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags | (os.O_APPEND if append else 0), mode)
+        fd = _regular_fd(os.open(path, flags | (os.O_APPEND if append else 0), mode), path)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise NotRegularFile(path, stat.S_IFLNK) from None
         raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise NotRegularFile(path, st.st_mode)
     if truncate:
         os.ftruncate(fd, 0)
-    os.set_blocking(fd, True)
     return fd
 
 
 def read_bounded(path: str | os.PathLike, limit: int, *, follow: bool = True) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes (OSError EFBIG beyond it); never
-    reads more than limit + 1 bytes, whatever the file claims."""
-    fd = open_regular(path, follow=follow)
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise OSError(errno.EFBIG, f"larger than the {limit:,} B this input may have", str(path))
-    return data
+    """`read_chunked`, following links by default."""
+    return read_chunked(path, limit, follow=follow)
 
 
 def short_repr(value: Any, limit: int = 120) -> str:
@@ -332,10 +312,8 @@ def load_yaml(text: str) -> Any:
 
 
 def parse_json_bytes(data: bytes) -> Any:
-    """The JSON value of `data`, which must be UTF-8, a leading byte order mark allowed (as
-    json.loads allows it; it would also take UTF-16 and UTF-32 bytes). ValueError, one line,
-    for other text, invalid JSON, or nesting deeper than the parser's recursion limit (a
-    RecursionError otherwise)."""
+    """The JSON value of UTF-8 `data` (a BOM allowed; json.loads would also take UTF-16/32).
+    ValueError, one line, for other text, invalid JSON or nesting too deep to parse."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -348,8 +326,7 @@ def parse_json_bytes(data: bytes) -> Any:
 
 
 def read_json_bounded(path: str | os.PathLike, limit: int, *, follow: bool = False) -> Any:
-    """The JSON value of a regular file of at most `limit` bytes (`read_chunked`), parsed by
-    `parse_json_bytes`. OSError or ValueError, each one line."""
+    """`parse_json_bytes` of `read_chunked(path, limit)`; OSError or ValueError, one line."""
     return parse_json_bytes(read_chunked(path, limit, follow=follow))
 
 
@@ -377,10 +354,8 @@ def check_record(obj: dict, fields: dict[str, Any]) -> dict:
 
 def read_json_record(path: str | os.PathLike, limit: int,
                      fields: dict[str, Any] | None = None) -> dict:
-    """The JSON object in the regular file `path` (`read_json_bounded`: at most `limit` bytes,
-    no link followed) holding `fields` (`check_record`). ValueError, one line without the
-    path (the caller adds the file and the remedy): an unreadable file, another JSON value,
-    a field that does not fit."""
+    """The JSON object in `path` (`read_json_bounded`, no link followed) holding `fields`
+    (`check_record`); else a ValueError, one line without the path (the caller adds it)."""
     try:
         obj = read_json_bounded(path, limit)
     except OSError as e:  # a link, a FIFO, too large: its strerror says so
@@ -395,8 +370,8 @@ def read_json_record(path: str | os.PathLike, limit: int,
 
 
 def read_chunked(path: str | os.PathLike, limit: int, *, follow: bool = False) -> bytes:
-    """`read_bounded`'s bytes (a regular file, no link followed unless `follow`, OSError
-    EFBIG past `limit`, never more than limit + 1 bytes read), read 64 KiB at a time: a
+    """The bytes of a regular file (no link followed unless `follow`) of at most `limit`
+    bytes, else OSError EFBIG; read 64 KiB at a time, never more than limit + 1 bytes, so a
     generous limit costs nothing (one read of limit + 1 would allocate that much first)."""
     chunks, size = [], 0
     with os.fdopen(open_regular(path, follow=follow), "rb", buffering=0) as f:

@@ -1,10 +1,8 @@
 """One stop for any number of SIGTERM/SIGINT: the handler every stoppable command installs.
 
-Slurm sends SIGTERM twice within milliseconds at a time limit or a preemption (slurmstepd,
-then srun), and torchrun forwards its own again, so a second signal must not kill the save
-or the cleanup the first one started. SIGKILL is the force (and Ctrl-\\, SIGQUIT, in a
-terminal). Used by `aleph train` (aleph.train.signals re-exports these) and by `aleph
-targets extract` / `consensus`, which sit below train in the import graph.
+Slurm sends SIGTERM twice within milliseconds (slurmstepd, then srun) and torchrun forwards
+its own again, so a second signal must not kill the save or cleanup the first one started.
+SIGKILL (or Ctrl-\\, SIGQUIT) is the force. Here, not in aleph.train, for `targets extract`.
 """
 
 from __future__ import annotations
@@ -19,13 +17,8 @@ from aleph.errors import EXIT_STOPPED
 
 class StopRequested(BaseException):
     """A stop signal arrived while StopFlag was in 'interrupt' mode: the command ends with
-    errors.EXIT_STOPPED (a launch of `aleph train` before its first step, recorded as
-    stopped when already on record; `targets extract`/`consensus` anywhere in their pass).
-
-    A BaseException (like KeyboardInterrupt) so no `except Exception` in a store build
-    swallows it. Every build it can interrupt writes to a temporary sibling (or a resumable
-    partial file) and marks completion last, so nothing it leaves counts as complete.
-    """
+    errors.EXIT_STOPPED. A BaseException, so no `except Exception` in a store build swallows
+    it; every build it interrupts marks completion last, so nothing it leaves counts."""
 
     def __init__(self, signame: str) -> None:
         super().__init__(f"stopped by {signame} before the first step")
@@ -36,16 +29,11 @@ class StopRequested(BaseException):
 
 
 class StopFlag:
-    """SIGTERM/SIGINT handling of one launch, installed when a stoppable command starts.
-
-    Two modes. 'interrupt' (input checks, store builds, model build, resume load): the
-    handler raises StopRequested at once, so a long store build does not outlive
-    `docker compose stop`'s grace period or Slurm's KillWait. 'flag' (the step loop, taking
-    the lock, recording the launch and its ending): the handler only sets a flag; the loop
-    finishes the step, saves, and the launch exits errors.EXIT_STOPPED. The handlers stay
-    until restore(): a repeated signal is counted (`repeats`) and changes nothing, in either
-    mode, since the first one already raised or set the flag.
-    """
+    """SIGTERM/SIGINT handling of one launch, until restore(). 'interrupt' mode (input
+    checks, store and model builds, resume load) raises StopRequested at once, so a long
+    build does not outlive a grace period; 'flag' mode (the step loop, the lock, the
+    records) only sets the flag: the loop saves and exits errors.EXIT_STOPPED. A repeated
+    signal is counted (`repeats`) and changes nothing."""
 
     def __init__(self, mode: str = "flag") -> None:
         self.event = threading.Event()
@@ -53,9 +41,8 @@ class StopFlag:
         self.mode = "flag"
         self.repeats = 0
         """Signals after the first (each ignored: one stop)."""
-        self._old = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._old[sig] = signal.signal(sig, self._handle)
+        self._old = {sig: signal.signal(sig, self._handle)
+                     for sig in (signal.SIGTERM, signal.SIGINT)}
         self.set_mode(mode)
 
     def _handle(self, signum, frame) -> None:
@@ -84,18 +71,16 @@ class StopFlag:
 
 
 def ignore_stops() -> None:
-    """The command has ended and said how: a SIGTERM/SIGINT still arriving (Slurm's second,
-    torchrun's forwarded ones) must not turn the exit status into a death by signal."""
+    """The command has ended and said how: a late SIGTERM/SIGINT (Slurm's second, torchrun's
+    forwarded ones) must not turn the exit status into a death by signal."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
 
 
 def run_until_stop(command: str, body: Callable[[], int], kept: Callable[[str], str],
                    again: Callable[[], list[str]]) -> int:
-    """`body()`'s exit code, run under one StopFlag('interrupt') (any number of SIGTERM/SIGINT
-    is one stop, raised where it lands). After a stop: one line, `aleph <command>: <kept(the
-    signal's name)>; resume with: aleph <again()>`, further signals ignored, and
-    errors.EXIT_STOPPED. Used by `aleph targets extract` and `consensus`."""
+    """`body()`'s exit code under one StopFlag('interrupt'). After a stop: one line, `aleph
+    <command>: <kept(signal name)>; resume with: aleph <again()>`, and EXIT_STOPPED."""
     stop = StopFlag("interrupt")
     try:
         rc = body()

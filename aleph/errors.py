@@ -1,9 +1,6 @@
-"""Exception types for conditions a user can cause.
-
-Every user-facing failure raises an `AlephError` subclass whose message names the file,
-field or value at fault and what was expected. The CLI prints the message (no
-traceback) and exits with the class's `exit_code`, so scripts can tell the cases apart.
-"""
+"""Exception types for conditions a user can cause: each message names the file, field or
+value at fault and what was expected; the CLI prints it (no traceback) and exits with the
+class's `exit_code`, so scripts can tell the cases apart."""
 
 
 class AlephError(Exception):
@@ -41,12 +38,8 @@ class QuotaError(AlephError):
 
 
 class NonFiniteError(AlephError):
-    """Training produced a NaN/Inf loss or gradient norm; the optimiser step was not taken.
-
-    The run directory is left at its last complete resume state (nothing of the bad step is
-    saved), so a relaunch resumes from there; lower the learning rate or check the targets
-    for non-finite rows first, or it will diverge again.
-    """
+    """Training produced a NaN/Inf loss or gradient norm; the step was not taken and the run
+    directory is left at its last complete resume state."""
 
     exit_code = 65  # EX_DATAERR: the numbers went bad, distinct from config (2) and lock (75)
 
@@ -57,8 +50,5 @@ class PeerLost(RuntimeError):
 
 
 EXIT_STOPPED = 76
-"""Exit status of a command stopped by SIGTERM/SIGINT (any number of them) that recorded the
-stop and can be resumed by running it again: `aleph train`, `aleph campaign`, `aleph targets
-extract` and `consensus`. Distinct from complete (0), refused (2), drift (3), non-finite (65)
-and locked (75, EX_TEMPFAIL: try again later, as here), so a scheduler's script can tell a
-stop to requeue from a failure."""
+"""Exit status of a command stopped by SIGTERM/SIGINT that recorded the stop and resumes when
+run again; distinct from 0, 2, 3, 65 and 75, so a scheduler can tell a stop to requeue."""

@@ -1,23 +1,16 @@
 """Does caption row i belong with target row i? Decided from a sample, with no neural model.
 
 The E1 image cannot load a transformers model class on torch 2.4.1, so the check is
-linear: each sampled caption becomes hashed bag-of-token features (unigram and bigram
-token ids of the run's tokenizer, hashed into FEATURE_DIM buckets, log(1 + count),
-L2-normalised); a kernel ridge map from features to targets is fitted on half of the
-sample and scored by held-out retrieval: R@1 of each held-out caption's predicted vector
-among all held-out targets (ties by identity, `retrieval_credit`). The same fit is scored
-for the pairing as given, for a shuffled pairing of the fitted half (what chance looks
-like with this much data) and for the pairings shifted by +-1 and +-2 rows (an
-off-by-one in the captions, or a dropped row, scores higher shifted than as given). The
-pairing is aligned when its R@1 is at least MIN_HITS hits, at least CHANCE_FACTOR times
+linear: each sampled caption becomes hashed unigram + bigram token features (`features`);
+a kernel ridge map from features to targets is fitted on half of the sample and scored by
+held-out R@1 (ties by identity, `retrieval_credit`), for the pairing as given, a shuffled
+pairing (chance with this much data) and the pairings shifted by +-1 and +-2 rows (an
+off-by-one scores higher shifted). Aligned: at least MIN_HITS hits, CHANCE_FACTOR times
 chance and MARGIN times the best alternative.
 
 The sample is BLOCKS contiguous blocks spread evenly over the rows (a misalignment that
-starts halfway is seen); alternate blocks are fitted and held out. Reading costs the
-sample: parquet captions by row group, target chunks through their mapping; a text or
-JSONL source is streamed once up to its last sampled row (memory: the sample). A sampled
-target row holding a NaN or Inf is a DataError naming its chunk file and row (exit 2, not
-the exit 1 of a misaligned pairing); rows outside the sample are not read.
+starts halfway is seen), alternately fitted and held out; only the sample is read. A
+sampled target row holding a NaN or Inf is a DataError (exit 2, not a misalignment's 1).
 """
 
 from __future__ import annotations
@@ -41,11 +34,10 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # 64-bit golden-ratio multiplier for hashi
 
 
 def retrieval_credit(scores: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
-    """R@1 credit per query from (..., B, B) scores (query i vs candidate j; candidate i is
-    query i's own) and `same` (..., B, B): candidate j's target is bitwise equal to query
-    i's own. A bitwise-equal candidate is given exactly the own score (a tie by identity,
-    whatever the GEMM rounded), then ties split: 1/k when the own target is among k tied
-    at the top, 0 below it. Returns (..., B) credits."""
+    """(..., B) R@1 credit per query from (..., B, B) scores (candidate i is query i's own)
+    and `same` (candidate j's target bitwise equals query i's): such a candidate gets
+    exactly the own score (whatever the GEMM rounded), then 1/k when the own target is
+    among k tied at the top, 0 below it."""
     own = torch.diagonal(scores, dim1=-2, dim2=-1)  # (..., B)
     scores = torch.where(same, own.unsqueeze(-1), scores)  # (..., B, B)
     top = scores.max(-1).values  # (..., B)
@@ -156,8 +148,7 @@ def take_targets(paths: Sequence[str], idx: np.ndarray) -> torch.Tensor:
 
 def check_finite(paths: Sequence[str], idx: np.ndarray, rows: torch.Tensor) -> None:
     """DataError naming the chunk file and row of the first of `rows` (the target rows at
-    sorted indices `idx` of `paths`) that holds a NaN or Inf: such a row has no direction,
-    so no pairing can be scored against it."""
+    sorted indices `idx` of `paths`) that holds a NaN or Inf (no pairing can be scored)."""
     from aleph.targets.sources import describe_sources
 
     bad = (~torch.isfinite(rows.float())).any(1).nonzero()
@@ -173,9 +164,8 @@ def check_finite(paths: Sequence[str], idx: np.ndarray, rows: torch.Tensor) -> N
 
 
 def target_files(path: str) -> list[str]:
-    """A chunk file as given, or a directory's chunk files in row order (as `aleph targets
-    build DIR` reads them); a missing path, or one that is neither a regular file nor a
-    directory (a FIFO would block the first read), is a DataError."""
+    """A chunk file as given, or a directory's chunk files in row order; anything else (a
+    FIFO would block the first read) is a DataError."""
     import os
     import stat
 
@@ -280,11 +270,9 @@ _MEMO_VERSION = 1  # bump when the check's figures change meaning
 
 def preflight_alignment(source: str, column: str, targets: Sequence[str], tokenizer,
                         captions_sha256: str, allow: bool, say) -> dict | None:
-    """The e1 preflight's pairing check (`check_pairing` on PREFLIGHT_SAMPLE rows): says
-    one line; a misaligned pairing is a DataError unless `allow` (allow_misaligned=true),
-    then the figures are returned for the launch's manifest entry. Memoised under
-    <work>/cache/alignment by (captions content hash, target files' path/size/mtime,
-    tokenizer fingerprint, sample), so a resumed launch does not re-read its sample."""
+    """The e1 preflight's pairing check (`check_pairing` on PREFLIGHT_SAMPLE rows), said in
+    one line; misaligned: a DataError unless `allow`, then the figures for the manifest.
+    Memoised under <work>/cache/alignment by its inputs' identity, so a resume reads nothing."""
     from aleph._io import atomic_write_json, read_json, sha256_json, work_root
     from aleph.data.tokenizer import tokenizer_fingerprint
     from aleph.targets.sources import source_fingerprint, source_stats
@@ -293,12 +281,10 @@ def preflight_alignment(source: str, column: str, targets: Sequence[str], tokeni
            "targets": source_fingerprint(source_stats(targets)),
            "tokenizer": tokenizer_fingerprint(tokenizer), "sample": PREFLIGHT_SAMPLE}
     memo = work_root() / "cache" / "alignment" / f"{sha256_json(key)[:16]}.json"
-    saved = {}
-    if memo.is_file():
-        try:
-            saved = read_json(memo)
-        except ValueError:
-            saved = {}  # written atomically, so a hand edit: check again
+    try:
+        saved = read_json(memo) if memo.is_file() else {}
+    except ValueError:
+        saved = {}  # written atomically, so a hand edit: check again
     if saved.get("key") == key and isinstance(saved.get("result"), dict):
         result, how = saved["result"], f" (memoised, {memo.name})"
     else:

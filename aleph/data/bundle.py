@@ -1,26 +1,16 @@
 """The offline bundle: what a real run fetches from the Hugging Face hub, as plain files.
 
-`aleph data fetch` (on a machine with network) writes it; an air-gapped VM gets a copy on
-its work volume, and the loaders look there before the hub, so the e1 preset and
-`aleph eval` need no network. Layout of a bundle directory:
+`aleph data fetch` writes it where there is network; an air-gapped VM gets a copy, and the
+loaders look there before the hub. Layout ($ALEPH_OFFLINE_BUNDLE, else <work>/data/offline):
 
-  bundle.json                      format, version, and per item what was fetched from where:
-                                   tokenizers {name: {dir, fingerprint, revision, files}}
-                                   (files: {file name: sha256} of the saved tokenizer),
-                                   sts {task: {dataset, revision, split, pairs, file, sha256}}
-  tokenizers/<name>/               a tokenizer as `save_pretrained` writes it ("org/name" is
-                                   stored as "org--name")
-  sts/<task>.jsonl                 the task's pairs, one {"sentence1", "sentence2", "score"}
-                                   object per line, in the hub split's order
+  bundle.json          format, version, tokenizers {name: {dir, fingerprint, revision,
+                       files: {name: sha256}}}, sts {task: {dataset, revision, split, pairs,
+                       file, sha256}}
+  tokenizers/<name>/   a saved tokenizer ("org/name" stored as "org--name")
+  sts/<task>.jsonl     one {"sentence1", "sentence2", "score"} per line, in the split's order
 
-Where it is looked for: $ALEPH_OFFLINE_BUNDLE, else <work root>/data/offline. Items are
-written atomically (temporary sibling + rename) and bundle.json last, so a bundle lists
-only complete items. An STS task is used only when the bundle's dataset and revision are
-the ones the code pins; a bundle fetched under another pin is refused by name.
-
-The hub tokenizer pins (`TOKENIZER_PINS`) and a saved tokenizer directory's helpers
-(`save_pretrained_atomic`, `tokenizer_files`) live here, below `aleph.data.tokenizer`, which
-reads the bundle first when it loads a hub name (and names them in its interface too).
+Items are written atomically and bundle.json last, so it lists only complete items. An STS
+task fetched under another pin than the code's is refused by name.
 """
 
 from __future__ import annotations
@@ -36,8 +26,9 @@ from typing import Any
 from aleph._io import (
     atomic_write_json,
     atomic_write_text,
+    check_record,
     fsync_dir,
-    read_json_bounded,
+    read_json_record,
     sha256_file,
     work_root,
 )
@@ -73,24 +64,16 @@ def _slug(name: str) -> str:
 
 def read_manifest(root: Path | None = None) -> dict[str, Any] | None:
     """The bundle's manifest, or None when there is no bundle; a broken one is a DataError."""
-    root = root if root is not None else bundle_root()
-    path = root / MANIFEST
+    path = (root if root is not None else bundle_root()) / MANIFEST
     if not path.is_file():
         return None
-    try:  # a bundle copied from elsewhere: a regular file, bounded size and depth
-        man = read_json_bounded(path, MANIFEST_MAX_BYTES, follow=False)
-    except OSError as e:
-        raise DataError(f"{path}: {e.strerror or e}; re-run `aleph data fetch`") from None
+    try:  # a bundle copied from elsewhere: a regular file (no link), bounded size and depth
+        man = read_json_record(path, MANIFEST_MAX_BYTES)
+        if (got := (man.get("format"), man.get("version"))) != (FORMAT, VERSION):
+            raise ValueError(f"format {got!r}, expected ({FORMAT!r}, {VERSION})")
+        return check_record(man, {"tokenizers": dict, "sts": dict})
     except ValueError as e:
-        raise DataError(f"{path}: invalid JSON ({e}); re-run `aleph data fetch`") from None
-    if not isinstance(man, dict) or (man.get("format"), man.get("version")) != (FORMAT, VERSION):
-        got = (man.get("format"), man.get("version")) if isinstance(man, dict) else type(man).__name__
-        raise DataError(f"{path}: format {got!r}, expected ({FORMAT!r}, {VERSION}); re-run "
-                        "`aleph data fetch`")
-    for key in ("tokenizers", "sts"):
-        if not isinstance(man.get(key), dict):
-            raise DataError(f"{path}: field {key!r} is {man.get(key)!r}, expected an object")
-    return man
+        raise DataError(f"{path}: {e}; re-run `aleph data fetch`") from None
 
 
 def _update_manifest(root: Path, section: str, name: str, entry: dict) -> None:
@@ -116,8 +99,8 @@ MAX_TOKENIZER_FILE_BYTES = 64 << 20  # bert-base-uncased's largest file is ~0.7 
 
 
 def tokenizer_files(directory: str | os.PathLike) -> dict[str, str]:
-    """{file name: sha256} of the regular files of a saved tokenizer directory (links and
-    other entries are left out; a file over MAX_TOKENIZER_FILE_BYTES is refused)."""
+    """{file name: sha256} of the regular files of a tokenizer directory (links and other
+    entries left out; a file over MAX_TOKENIZER_FILE_BYTES refused)."""
     out = {}
     for entry in sorted(Path(directory).iterdir()):
         st = entry.lstat()
@@ -131,8 +114,7 @@ def tokenizer_files(directory: str | os.PathLike) -> dict[str, str]:
 
 
 def save_pretrained_atomic(tokenizer, out_dir: str | Path) -> Path:
-    """`tokenizer.save_pretrained` into a temporary sibling directory, fsynced, then renamed
-    over `out_dir`: the directory is complete or absent, never half-written."""
+    """`tokenizer.save_pretrained` into a temporary sibling, fsynced, renamed over `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -151,9 +133,7 @@ def save_pretrained_atomic(tokenizer, out_dir: str | Path) -> Path:
 
 
 def add_tokenizer(root: Path, name: str, tokenizer, fingerprint: str) -> Path:
-    """Save `tokenizer` (fetched as hub name `name`, at its pinned revision when
-    `TOKENIZER_PINS` has one) into the bundle, recording each saved
-    file's sha256; its directory."""
+    """Save hub tokenizer `name` into the bundle with each file's sha256; its directory."""
     final = save_pretrained_atomic(tokenizer, root / "tokenizers" / _slug(name))
     _update_manifest(root, "tokenizers", name,
                      {"dir": f"tokenizers/{final.name}", "fingerprint": fingerprint,
@@ -169,8 +149,8 @@ def pairs_jsonl(pairs) -> str:
 
 def add_sts(root: Path, task: str, dataset: str, revision: str, split: str,
             pairs: tuple[tuple[str, str, float], ...], expected_pairs: int | None = None) -> Path:
-    """Write an STS task's pairs (from `dataset` at `revision`, split `split`) into the
-    bundle; a pair count other than `expected_pairs` (when given) is refused, nothing written."""
+    """Write an STS task's pairs into the bundle; a pair count other than `expected_pairs`
+    (when given) is refused, nothing written."""
     if expected_pairs is not None and len(pairs) != expected_pairs:
         raise DataError(f"STS task {task!r}: {dataset}@{revision[:12]} {split} gave "
                         f"{len(pairs):,} pairs, its pinned split has {expected_pairs:,}; not "
@@ -184,11 +164,8 @@ def add_sts(root: Path, task: str, dataset: str, revision: str, split: str,
 
 
 def sts_file(task: str, dataset: str, revision: str, root: Path | None = None) -> Path | None:
-    """The bundle's file of STS task `task`, when it was fetched from `dataset` at `revision`.
-
-    None when the bundle has no such task; a DataError when it has it from another
-    dataset or revision (a bundle made under an older pin) or its file is damaged.
-    """
+    """The bundle's file of STS task `task` fetched from `dataset` at `revision`; None when
+    it has no such task; a DataError when it has it under another pin or damaged."""
     root = root if root is not None else bundle_root()
     man = read_manifest(root)
     if man is None or task not in man["sts"]:
@@ -208,7 +185,7 @@ def sts_file(task: str, dataset: str, revision: str, root: Path | None = None) -
 
 def pinned_sts_sha256(task: str, dataset: str, revision: str, root: Path | None = None) -> str | None:
     """The sha256 the bundle recorded for STS task `task` fetched from `dataset` at
-    `revision` (what a local file of the same pairs hashes to), or None when it has none."""
+    `revision`, or None when it has none."""
     try:
         man = read_manifest(root if root is not None else bundle_root())
     except DataError:
@@ -216,5 +193,4 @@ def pinned_sts_sha256(task: str, dataset: str, revision: str, root: Path | None 
     entry = (man or {"sts": {}})["sts"].get(task)
     if not isinstance(entry, dict) or (entry.get("dataset"), entry.get("revision")) != (dataset, revision):
         return None
-    sha = entry.get("sha256")
-    return sha if isinstance(sha, str) else None
+    return entry["sha256"] if isinstance(entry.get("sha256"), str) else None

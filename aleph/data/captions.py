@@ -1,20 +1,10 @@
-"""Caption sources: local text/JSON/JSONL/parquet files (.txt and .jsonl also gzipped), a
-directory of .jsonl/.jsonl.gz/.parquet shards, or a Hugging Face dataset id.
+"""Caption sources: .txt/.jsonl (also gzipped), .json and .parquet files, a directory of
+.jsonl/.jsonl.gz/.parquet shards, or a Hugging Face dataset id. Row i is the text of target i.
 
-Row i of the captions is the text of target row i; `check_row_counts` makes a count
-mismatch an error before any training step (`aleph.data.align` checks the pairing itself).
-
-A real run has 31.9M captions (about 18 GB of text, some 65 GB as Python strings), so
-nothing on its path holds them all: `open_captions` gives a `CaptionSource` that reads
-in batches (parquet by record batch, text and JSONL line by line in blocks, gzip
-decompressed as a stream, shards one after another in name order, a hub dataset through
-its memory-mapped Arrow cache: the pages it maps in are clean page cache, which the
-kernel reclaims under the cgroup limit), counts its rows without holding the captions
-(`count_rows`: parquet metadata, a newline count, the dataset's row count), and hashes
-them while streaming (`sha256`: the digest `aleph.data.tokens.captions_sha256` defines).
-Every file is opened through `aleph.data.readers` (regular files only, bounded lines).
-`load_captions` still returns a list, for small sources (tests, probes). A `.json` file
-is one JSON list and is parsed whole: use parquet, JSONL or text for a large source.
+A real run has 31.9M captions (some 65 GB as Python strings), so a `CaptionSource` reads in
+batches (a hub dataset through its memory-mapped Arrow cache: clean page cache the kernel
+reclaims), counts rows and hashes without holding them all. Every file is opened through
+`aleph.data.readers` (regular files only, bounded lines). A `.json` list is parsed whole.
 """
 
 from __future__ import annotations
@@ -36,12 +26,9 @@ MAX_JSON_BYTES = 256 << 20  # a .json caption list is parsed whole: at most this
 
 
 class CaptionsHasher:
-    """sha256 of captions as UTF-8 lines (each followed by \\n), in row order, fed batch by batch.
-
-    Equal to hashing each caption then b"\\n" in turn (the definition of
-    `aleph.data.tokens.captions_sha256`): a batch joined with \\n plus a final \\n is the
-    same byte string.
-    """
+    """sha256 of captions as UTF-8 lines (each followed by \\n), in row order, fed batch by
+    batch (`aleph.data.tokens.captions_sha256`): a batch joined with \\n plus a final \\n is
+    the same byte string as each caption then \\n in turn."""
 
     def __init__(self) -> None:
         self._h = hashlib.sha256()
@@ -51,7 +38,7 @@ class CaptionsHasher:
         if not batch:
             return
         try:
-            data = "\n".join(batch).encode("utf-8")
+            data = ("\n".join(batch) + "\n").encode("utf-8")
         except UnicodeEncodeError:
             for i, c in enumerate(batch):
                 try:
@@ -61,7 +48,6 @@ class CaptionsHasher:
                                     f"({e.reason} at character {e.start}); expected valid Unicode text") from None
             raise
         self._h.update(data)
-        self._h.update(b"\n")
         self.rows += len(batch)
 
     def update_arrow(self, arr) -> None:
@@ -147,12 +133,8 @@ class CaptionSource:
         return out
 
     def count_rows(self) -> int:
-        """Rows of the source, without holding its captions (cached on this object).
-
-        Parquet: the footer's row count. Text: newlines (plus an unterminated last line).
-        JSONL: non-blank lines. Hub dataset: its row count. JSON list: its length. A
-        directory: the sum over its shards. A .gz file is decompressed to count.
-        """
+        """Rows of the source, without holding its captions (cached): parquet's footer, text
+        newlines, non-blank JSONL lines, the dataset's or list's length, a sum over shards."""
         if self._rows is None:
             self._rows = {"txt": self._count_text, "jsonl": self._count_jsonl,
                           "dir": lambda: sum(s.count_rows() for s in self.shards),
@@ -162,62 +144,59 @@ class CaptionSource:
         return self._rows
 
     def sha256(self, rows: int = BATCH_ROWS, progress=None) -> str:
-        """The captions' content hash (`aleph.data.tokens.captions_sha256`), streaming
-        `rows` captions at a time. Parquet and hub datasets are hashed from their Arrow
-        buffers (no Python strings). `progress(rows hashed so far)` is called after each
-        batch (the trainer's progress line on a 31.9M-row source).
-        """
+        """The captions' content hash (`aleph.data.tokens.captions_sha256`), streamed;
+        parquet and hub datasets from their Arrow buffers (no Python strings).
+        `progress(rows hashed so far)` is called after each batch."""
         h = CaptionsHasher()
-        self._hash_into(h, rows, progress)
+        for _ in self._hash_into(h, rows):
+            if progress is not None:
+                progress(h.rows)
         return h.hexdigest()
 
-    def _hash_into(self, h: CaptionsHasher, rows: int, progress) -> None:
+    def _hash_into(self, h: CaptionsHasher, rows: int) -> Iterator[None]:
+        """Feeds `h` batch by batch, yielding after each."""
         if self.kind == "dir":
             for shard in self.shards:  # one digest over all shards, as if concatenated
-                shard._hash_into(h, rows, progress)
+                yield from shard._hash_into(h, rows)
         elif self.kind in ("parquet", "hub"):
             start = h.rows
             for arr in self._arrow_batches(rows):
-                _check_arrow(arr, self._where(), h.rows - start)
-                h.update_arrow(arr)
-                if progress is not None:
-                    progress(h.rows)
+                h.update_arrow(_check_arrow(arr, self._where(), h.rows - start))
+                yield
         else:
             for batch in self.batches(rows):
                 h.update(batch)
-                if progress is not None:
-                    progress(h.rows)
+                yield
 
     # --- text and JSON ---------------------------------------------------------------------
-    def _text_blocks(self) -> Iterator[list[str]]:
-        """Lines of a text file, a block at a time, split on \\n only (a caption may hold
-        \\x1c, U+2028 and the other characters str.splitlines would also split on), a
-        trailing \\r dropped; the empty piece after a final newline is not a row. A line
-        longer than `readers.MAX_LINE_BYTES` is refused once that many bytes are held (the
-        jsonl bound), so a file without newlines cannot take the memory."""
+    def _line_blocks(self) -> Iterator[tuple[bytes, int]]:
+        """(whole lines without their last \\n, first line number), a block at a time, then an
+        unterminated last line. A line over `readers.MAX_LINE_BYTES` is refused once that
+        many bytes are held, so a file without newlines cannot take the memory."""
         line_no, carry = 1, b""
         with readers.Stream(self.path) as f:
-            while True:
-                block = f.read(_BLOCK)
-                if not block:
-                    break
+            while block := f.read(_BLOCK):
                 data = carry + block
                 cut = data.rfind(b"\n") + 1
                 first = data.find(b"\n") if cut else len(data)
                 if first > readers.MAX_LINE_BYTES:  # the only line that can span blocks
-                    self._too_long(line_no)
+                    raise DataError(f"{self.path}:{line_no}: line longer than "
+                                    f"{readers.MAX_LINE_BYTES:,} bytes; expected one caption "
+                                    "per line")
                 if cut == 0:
                     carry = data
                     continue
                 carry = data[cut:]
-                yield self._decode_lines(data[:cut - 1], line_no)
+                yield data[:cut - 1], line_no
                 line_no += data.count(b"\n", 0, cut)
         if carry:
-            yield self._decode_lines(carry, line_no)
+            yield carry, line_no
 
-    def _too_long(self, line_no: int):
-        raise DataError(f"{self.path}:{line_no}: line longer than {readers.MAX_LINE_BYTES:,} "
-                        "bytes; expected one caption per line")
+    def _text_blocks(self) -> Iterator[list[str]]:
+        """Lines of a text file, split on \\n only (a caption may hold U+2028 and the others
+        str.splitlines splits on), a trailing \\r dropped."""
+        for data, line_no in self._line_blocks():
+            yield self._decode_lines(data, line_no)
 
     def _decode_lines(self, data: bytes, first_line: int) -> list[str]:
         """Text lines of `data` (UTF-8 only: a NUL byte, as UTF-16 text has, is refused)."""
@@ -234,20 +213,8 @@ class CaptionSource:
         return [s.removesuffix("\r") for s in text.split("\n")]
 
     def _count_text(self) -> int:
-        """Newlines, plus an unterminated last line; the line bound of `_text_blocks` holds
-        here too, so a count stops within MAX_LINE_BYTES of a line too long."""
-        n, since = 0, 0  # since: bytes after the last newline so far
-        with readers.Stream(self.path) as f:
-            while block := f.read(_BLOCK):
-                first = block.find(b"\n")
-                if since + (first if first >= 0 else len(block)) > readers.MAX_LINE_BYTES:
-                    self._too_long(n + 1)
-                if first < 0:
-                    since += len(block)
-                    continue
-                n += block.count(b"\n")
-                since = len(block) - block.rfind(b"\n") - 1
-        return n + (1 if since else 0)
+        """Lines (`_line_blocks`: an unterminated last one counts), none of them decoded."""
+        return sum(data.count(b"\n") + 1 for data, _ in self._line_blocks())
 
     def _jsonl_lines(self) -> Iterator[str]:
         for n, obj in readers.jsonl_objects(self.path):
@@ -255,17 +222,9 @@ class CaptionSource:
 
     def _count_jsonl(self) -> int:
         """Lines that `_jsonl_lines` does not skip as blank (str.strip() is empty)."""
-        n = 0
-        with readers.Stream(self.path) as f:
-            for _, raw in f.lines():
-                s = raw.strip()  # ASCII whitespace
-                if not s:
-                    continue
-                if s[0] > 0x20 and s[0] < 0x80:  # a printable ASCII character: not blank
-                    n += 1
-                elif raw.decode("utf-8", "replace").strip():  # Unicode whitespace only?
-                    n += 1
-        return n
+        with readers.Stream(self.path) as f:  # a printable ASCII first byte: not blank
+            return sum(1 for _, raw in f.lines() if (s := raw.strip()) and (
+                0x20 < s[0] < 0x80 or raw.decode("utf-8", "replace").strip()))
 
     def _json_list(self) -> list[str]:
         """A .json caption file: one list of objects, at most MAX_JSON_BYTES, parsed whole."""
@@ -329,31 +288,26 @@ def open_captions(source: str | os.PathLike | CaptionSource, column: str = "capt
                   split: str = "train", cache_dir: str | os.PathLike | None = None) -> CaptionSource:
     """A `CaptionSource` for `source` (checked now: existence, type, parquet column).
 
-    A path ending in .txt (one caption per line), .jsonl (one object per line),
-    .json (a list of objects) or .parquet reads the `column` field (.txt.gz and .jsonl.gz
-    are read as they are); a directory is its .jsonl/.jsonl.gz/.parquet shards in name
-    order (`aleph.data.readers.shard_files`); anything else that is not an existing path
-    is taken as a Hugging Face dataset id, loaded with `datasets`
-    when first read (split `split`, cached under `cache_dir`, default <work root>/cache/hf).
-    """
+    A file reads its `column` field (.txt: one caption per line); a directory is its shards
+    in name order (`readers.shard_files`); anything else that is not an existing path is a
+    Hugging Face dataset id, loaded when first read (cached under `cache_dir`, default
+    <work root>/cache/hf)."""
     if isinstance(source, CaptionSource):
         return source
     return CaptionSource(source, column, split, cache_dir)
 
 
 def shards_identity(directory: str | os.PathLike) -> dict:
-    """Cheap identity of a shard directory: its path and each shard's name, size and mtime
-    (keys the memo of its captions' sha256: a changed, added or removed shard changes it)."""
-    shards = readers.shard_files(directory)
-    stats = [(p, p.stat()) for p in shards]
+    """Cheap identity of a shard directory (keys the memo of its captions' sha256): its path
+    and each shard's name, size and mtime."""
+    stats = [(p, p.stat()) for p in readers.shard_files(directory)]
     return {"path": str(Path(directory).resolve()),
             "shards": [[p.name, st.st_size, st.st_mtime_ns] for p, st in stats]}
 
 
 def load_captions(source: str | os.PathLike, column: str = "caption", split: str = "train",
                   cache_dir: str | os.PathLike | None = None) -> list[str]:
-    """All captions of `source`, in row order, as one list (small sources only: a real
-    run streams them through `open_captions`)."""
+    """All captions of `source` as one list (small sources only)."""
     captions = list(open_captions(source, column, split, cache_dir))
     if not captions:
         raise DataError(f"captions source {source}: no rows")

@@ -1,24 +1,14 @@
 """`aleph data fetch --captions`: E1's caption file from the hub, pinned, verified, resumable.
 
-The captions are `CaptionEmporium/conceptual-captions-cc12m-llavanext` (CC-BY-SA-4.0):
-one `train.jsonl.gz` of 10,965,172 records (about 3.58 GB), at revision `1c24bdb` (the
-short id the public record gives). The first download resolves it to the full commit id
-through the hub's file record (`huggingface_hub.get_hf_file_metadata`: commit, size and
-the LFS sha256), downloads that commit's file through huggingface_hub's HTTP session into a hidden
-`.fetch/` directory (an interrupted download resumes from its partial file with a Range
-request: huggingface_hub 1.x's `hf_hub_download` deletes a partial file), checks size
-and sha256, and only then moves it to `<dest>/train.jsonl.gz` and writes the record
-`<dest>/train.jsonl.gz.fetch.json` (repo, file, revision, commit, size, sha256, licence).
-A damaged download is deleted and refused in one line; nothing under `<dest>` claims to
-be good. Later calls check the file against the record and need no network, so a VM
-without network gets the file and its record copied (the offline bundle story); a call
-that reaches the hub refuses a revision that now resolves to another commit. The record
-proves only that the file matches the record (whoever can write the file can write its
-record), and the output says exactly that; an expected sha256 from elsewhere (`--sha256`,
-or CAPTIONS_SHA256 below once known) is what a forger cannot set: the record, the hub's
-answer and the file must all have it. The record is read bounded (RECORD_MAX_BYTES, no
-link followed, every field checked). The HTTP half, with its bounds, is `fetch_http`; the
-token, when one is needed, is huggingface_hub's own (HF_TOKEN in the environment).
+`CaptionEmporium/conceptual-captions-cc12m-llavanext` (CC-BY-SA-4.0): one `train.jsonl.gz`
+of 10,965,172 records (3.58 GB) at the public record's short revision `1c24bdb`. The first
+download resolves it to a commit through the hub's file record (commit, size, LFS sha256),
+downloads into a hidden `.fetch/` partial file (resumed with a Range request, which
+`hf_hub_download` does not do), checks size and sha256, and only then moves it to
+`<dest>/train.jsonl.gz` and writes its record `train.jsonl.gz.fetch.json`. Later calls
+check the file against the record without network. The record proves only that the file
+matches it (whoever writes one can write the other); an expected sha256 from elsewhere
+(`--sha256`, or CAPTIONS_SHA256) is what a forger cannot set. The HTTP half is `fetch_http`.
 """
 
 from __future__ import annotations
@@ -56,8 +46,7 @@ def captions_dir() -> Path:
 
 
 def _verify(path: Path, size: int, sha256: str) -> str | None:
-    """None when `path` (a regular file, else a DataError) has `size` bytes and that
-    sha256, else what differs."""
+    """None when the regular file `path` has `size` bytes and that sha256, else what differs."""
     have = readers.check_regular(path).st_size
     if have != size:
         return f"{have:,} bytes, expected {size:,}"
@@ -91,9 +80,8 @@ _RECORD_FIELDS = {"repo": str, "file": str, "revision": str, "commit": (_HEX40, 
 
 
 def read_record(path: Path) -> dict:
-    """A fetch record, checked: a regular file (no link followed) of at most
-    RECORD_MAX_BYTES, a UTF-8 JSON object of bounded depth holding every field of
-    _RECORD_FIELDS with its type; else a DataError naming the file and the field."""
+    """A fetch record (`read_json_record`: bounded, no link followed, _RECORD_FIELDS
+    checked); else a DataError naming the file and the field."""
     try:
         return read_json_record(path, RECORD_MAX_BYTES, _RECORD_FIELDS)
     except ValueError as e:
@@ -130,9 +118,7 @@ def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIO
                    filename: str = CAPTIONS_FILE, say=lambda line: None,
                    limits: FetchLimits | None = None, expect_sha256: str | None = None) -> Path:
     """The caption file under `dest` (default <work>/data/e1), checked, downloaded if
-    needed (see the module docstring); returns its path. `expect_sha256` (else
-    CAPTIONS_SHA256 for E1's own file) is the digest the file must have, whatever its
-    record or the server says."""
+    needed; `expect_sha256` (else CAPTIONS_SHA256) is the digest it must have."""
     limits = limits if limits is not None else FetchLimits.from_env()
     dest = Path(dest).expanduser() if dest is not None else captions_dir()
     dest.mkdir(parents=True, exist_ok=True)
@@ -191,10 +177,8 @@ def fetch_captions(dest: str | os.PathLike | None = None, revision: str = CAPTIO
 
 def _download(dest: Path, final: Path, entry: dict, endpoint: str | None, say,
               limits: FetchLimits) -> None:
-    """GET the file at its commit into .fetch/<file>.<sha256 prefix>.part, resuming from the
-    bytes already there with a Range request (`fetch_http.get_into`: huggingface_hub's
-    session and headers, so HF_TOKEN and HF_ENDPOINT apply; every bound of `limits`), then
-    verify and move it into place."""
+    """GET the file at its commit into .fetch/<file>.<sha256 prefix>.part, resuming
+    (`fetch_http.get_into`, every bound of `limits`), then verify and move it into place."""
     from huggingface_hub import hf_hub_url
 
     partial_dir = dest / ".fetch"  # hidden: a partial download never looks like the file

@@ -1,18 +1,12 @@
 """The HTTP half of `aleph data fetch --captions`: a file's record by HEAD and a resumable,
 bounded GET into a partial file, against a server that may be hostile.
 
-Both go through huggingface_hub's HTTP session and headers (HF_TOKEN, HF_ENDPOINT apply)
-with redirects followed here, not by the library: at most `FetchLimits.redirects` per
-request (HEAD: same-origin only, as huggingface_hub does; GET: any, the token dropped when
-the origin changes). The GET asks for `Accept-Encoding: identity`, refuses a response
-with any other Content-Encoding and reads the raw body, so nothing is ever decoded into the
-file; it writes at most the bytes still missing of the announced size and refuses the
-response once one byte more arrives. One deadline covers the whole download (every attempt,
-every read), and a transfer slower than `min_rate` over a `rate_window_s` is cut (and
-resumed by the next attempt, `attempts` in all); an alarm (`hard_deadline`) also ends a
-request whose response headers trickle in byte by byte. Redirects must stay http(s). The partial file is opened with
-O_NOFOLLOW and O_NONBLOCK and checked with fstat: a symlink, a FIFO or anything but a
-regular file is refused in one line before a byte is written, and never removed.
+huggingface_hub's session (HF_TOKEN, HF_ENDPOINT apply), redirects followed here: at most
+`FetchLimits.redirects`, http(s) only (HEAD: same origin; GET: the token dropped across
+origins). The GET reads the raw body of an identity encoding, never more than the announced
+size; one deadline covers every attempt, a transfer below `min_rate` is cut and resumed, and
+`hard_deadline` ends headers that trickle in. The partial file is `open_write_nofollow`ed:
+a link or FIFO is refused before a byte is written, and never removed.
 """
 
 from __future__ import annotations
@@ -40,11 +34,9 @@ class FetchLimits:
     """Every bound of one `data fetch --captions` call, declared here and nowhere else."""
 
     deadline_s: float = 6 * 3600.0
-    """Wall-clock seconds for the whole download, all attempts and reads together (the
-    real 3.58 GB file takes an hour at 1 MB/s)."""
+    """Seconds for the whole download, all attempts together (3.58 GB: an hour at 1 MB/s)."""
     min_rate: float = 32 * 1024
-    """Bytes per second a transfer must average over each `rate_window_s`; a slower one
-    is cut (its bytes kept for the next attempt to resume from)."""
+    """Bytes/s a transfer must average over each `rate_window_s`, else cut and resumed."""
     rate_window_s: float = 60.0
     """Seconds over which `min_rate` is measured; also the longest wait for one read."""
     connect_timeout_s: float = 30.0
@@ -64,20 +56,18 @@ class FetchLimits:
         out = {}
         for f in fields(cls):
             name = ENV_PREFIX + f.name.upper()
-            text = env.get(name)
-            if text is None:
+            if (text := env.get(name)) is None:
                 continue
-            kind = int if f.type == "int" else float
+            kind, zero_ok = int if f.type == "int" else float, f.name == "redirects"
             try:
                 value = kind(text)
             except ValueError:
                 value = None
-            low = 0 if f.name == "redirects" else None  # the others must be > 0
-            if value is None or not math.isfinite(value) or \
-                    (value < low if low is not None else value <= 0):
+            bad = value is None or not math.isfinite(value) or value < 0
+            if bad or (value == 0 and not zero_ok):
                 raise ConfigError(f"{name}={text!r}: expected "
                                   f"{'an integer' if kind is int else 'a number'} "
-                                  f"{'>= 0' if low is not None else '> 0'}")
+                                  f"{'>= 0' if zero_ok else '> 0'}")
             out[f.name] = value
         return replace(cls(), **out)
 
@@ -89,8 +79,8 @@ class TransferCut(Exception):
 @contextmanager
 def hard_deadline(deadline: float, what: str):
     """A DataError naming `what` at `deadline` (time.monotonic()), whatever the code inside
-    is waiting on: per-read timeouts cannot bound a server that trickles its response
-    headers byte by byte. SIGALRM in the main thread; elsewhere the per-read bounds only."""
+    waits on (per-read timeouts cannot bound headers trickled byte by byte). SIGALRM: in
+    the main thread only; elsewhere the per-read bounds alone."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -115,10 +105,9 @@ def _origin(url: str) -> tuple[str, str]:
 
 def send(method: str, url: str, headers: dict, limits: FetchLimits, deadline: float, *,
          same_origin_only: bool):
-    """The streamed response to `method url` after at most `limits.redirects` redirects
-    (with same_origin_only, a redirect elsewhere is returned as it is, as huggingface_hub
-    does for a file record); Authorization is dropped when the origin changes. The caller
-    closes it. Raises DataError beyond the redirect limit."""
+    """The streamed response (the caller closes it) to `method url` after at most
+    `limits.redirects` redirects, else a DataError; with same_origin_only a redirect
+    elsewhere is returned as it is (as huggingface_hub does for a file record)."""
     import httpx
     from huggingface_hub.utils import get_session
 
@@ -148,14 +137,13 @@ def send(method: str, url: str, headers: dict, limits: FetchLimits, deadline: fl
 
 
 def hub_headers() -> dict:
-    """The headers of every request: the user's hub token (HF_TOKEN, or a saved login) and
+    """The headers of every request: the hub token (HF_TOKEN, or a saved login) and
     `Accept-Encoding: identity`. Not huggingface_hub's build_hf_headers: that first GETs the
     endpoint's /api/agent-harnesses (telemetry) with unbounded redirects and reads."""
     from huggingface_hub import get_token
 
     headers = {"User-Agent": "aleph-e1/data-fetch", "Accept-Encoding": "identity"}
-    token = get_token()
-    if token:
+    if token := get_token():
         headers["Authorization"] = f"Bearer {token}"
     return headers
 
@@ -164,10 +152,9 @@ _DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 def file_record(url: str, what: str, limits: FetchLimits) -> dict:
-    """{'commit', 'size', 'sha256'} of the file at `url` from a HEAD (huggingface_hub's
-    headers, `Accept-Encoding: identity`): X-Repo-Commit, X-Linked-Etag (else ETag) and
-    X-Linked-Size (else Content-Length). Raises DataError naming `what` and the bad value;
-    network and HTTP errors propagate (the caller words them)."""
+    """{'commit', 'size', 'sha256'} of the file at `url` from a HEAD: X-Repo-Commit,
+    X-Linked-Etag (else ETag), X-Linked-Size (else Content-Length). A bad size is a
+    DataError naming `what`; network and HTTP errors propagate (the caller words them)."""
     from huggingface_hub.utils import hf_raise_for_status
 
     headers = hub_headers()
@@ -191,10 +178,8 @@ def _not_ours(part: Path, kind: str) -> DataError:
 
 
 def open_partial(part: Path, resume: bool) -> int:
-    """A write fd of the partial file `part` (`aleph._io.open_write_nofollow`: created if
-    missing, never through a symlink, never blocking on a FIFO, a regular file checked by
-    fstat before anything is written); appended to when `resume`, else emptied. A path that
-    is not a regular file is a DataError (and is left as it is)."""
+    """A write fd of the partial file `part` (`aleph._io.open_write_nofollow`), appended to
+    when `resume`, else emptied; not a regular file: a DataError, the path left as it is."""
     try:
         return open_write_nofollow(part, append=resume, truncate=not resume)
     except NotRegularFile as e:
@@ -216,38 +201,35 @@ def partial_size(part: Path) -> int:
 
 def get_into(url: str, part: Path, have: int, size: int, limits: FetchLimits,
              deadline: float) -> None:
-    """One GET of bytes `have`.. of a `size`-byte file into `part` (a Range request when
-    `have`; a 200 answer restarts from 0). Raises TransferCut for what a retry may mend, and
-    DataError for a response that breaks the bounds (deadline, encoding, longer body)."""
+    """One GET of bytes `have`.. of a `size`-byte file into `part` (a 200 answer restarts
+    from 0). TransferCut for what a retry may mend, DataError for a broken bound."""
     from huggingface_hub.utils import hf_raise_for_status
 
-    headers = hub_headers()
+    headers, what = hub_headers(), f"GET {urlsplit(url).path}"
     if have:
         headers["Range"] = f"bytes={have}-"
-    with hard_deadline(deadline + limits.rate_window_s, f"GET {urlsplit(url).path}"), \
+    with hard_deadline(deadline + limits.rate_window_s, what), \
             closing(send("GET", url, headers, limits, deadline, same_origin_only=False)) as r:
         hf_raise_for_status(r)
         encoding = r.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            raise DataError(f"GET {urlsplit(url).path}: Content-Encoding {encoding[:40]!r}; "
-                            "expected the file's own bytes (identity), asked for with "
-                            "Accept-Encoding: identity; refused, nothing written")
+            raise DataError(f"{what}: Content-Encoding {encoding[:40]!r}; expected the file's "
+                            "own bytes (identity), asked for with Accept-Encoding: identity; "
+                            "refused, nothing written")
         resumed = bool(have) and r.status_code == 206
         start = have if resumed else 0
         want = size - start
         length = r.headers.get("content-length")
         if length is not None and length.strip() != str(want):
-            raise DataError(f"GET {urlsplit(url).path}: Content-Length {length[:40]!r}, "
-                            f"expected {want:,} (bytes {start:,}.. of the announced "
-                            f"{size:,}); refused, nothing written")
-        fd = open_partial(part, resumed)
-        with os.fdopen(fd, "wb") as f:
-            _copy(r, f, want, size, limits, deadline, url)
+            raise DataError(f"{what}: Content-Length {length[:40]!r}, expected {want:,} (bytes "
+                            f"{start:,}.. of the announced {size:,}); refused, nothing written")
+        with os.fdopen(open_partial(part, resumed), "wb") as f:
+            _copy(r, f, want, size, limits, deadline, what)
             f.flush()
             os.fsync(f.fileno())
 
 
-def _copy(r, f, want: int, size: int, limits: FetchLimits, deadline: float, url: str) -> None:
+def _copy(r, f, want: int, size: int, limits: FetchLimits, deadline: float, what: str) -> None:
     """Raw body bytes into `f`, at most `want`; checks the deadline and the rate per read."""
     import httpx
 
@@ -258,14 +240,13 @@ def _copy(r, f, want: int, size: int, limits: FetchLimits, deadline: float, url:
             f.write(take)
             got += len(take)
             if len(take) < len(chunk):
-                raise DataError(f"GET {urlsplit(url).path}: the body is longer than the "
-                                f"announced {size:,} bytes; refused after writing those")
+                raise DataError(f"{what}: the body is longer than the announced {size:,} "
+                                "bytes; refused after writing those")
             now = time.monotonic()
             if now > deadline:
-                raise DataError(f"GET {urlsplit(url).path}: not done within the "
-                                f"{limits.deadline_s:g} s deadline ({got:,} of {want:,} bytes "
-                                f"this attempt; limit: {ENV_PREFIX}DEADLINE_S); run it again "
-                                "to resume")
+                raise DataError(f"{what}: not done within the {limits.deadline_s:g} s deadline "
+                                f"({got:,} of {want:,} bytes this attempt; limit: "
+                                f"{ENV_PREFIX}DEADLINE_S); run it again to resume")
             window_bytes += len(take)
             if now - window_start >= limits.rate_window_s:
                 rate = window_bytes / (now - window_start)

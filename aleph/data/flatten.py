@@ -1,18 +1,12 @@
 """`aleph data captions`: flatten a source of caption records into one caption per row.
 
-A record source (a .jsonl/.jsonl.gz/.parquet file, or a directory of such shards read in
-name order) holds one record per image, with several caption fields (CC12M-llavanext:
-`caption_llava`, `caption_llava_short`). `flatten_captions` writes a parquet file with
-one row per listed field of each record whose value is a string of at least `min_chars`
-characters (and at least one): columns `caption` (string), `source_row` (int64, the
-0-based record index over the whole source, blank JSONL lines not counted) and `field`
-(string), so every training row names the image record and field it came from.
-Order `record`: each record's fields in the listed order; order `field`: every record's
-first field, then every record's second, ... (one pass over the source per field).
-Streamed: memory is one batch of records plus one row group of output, whatever the
-source's size. The output is written to a temporary name, fsynced and renamed; an
-existing OUT is never replaced. The recipe (source, fields, order, min_chars, counts) is
-kept in the parquet file's key-value metadata under `aleph.flatten`.
+A record source (a .jsonl/.jsonl.gz/.parquet file or a directory of such shards) holds one
+record per image with several caption fields. The output parquet has one row per listed
+field of each record whose value is a string of at least max(`min_chars`, 1) characters:
+`caption`, `source_row` (the 0-based record index, blank JSONL lines not counted) and
+`field`. Order `record`: each record's fields in turn; order `field`: one pass per field.
+Streamed (one batch of records plus one row group in memory); published by a link, never
+replacing OUT; the recipe and counts are kept in its metadata under `aleph.flatten`.
 """
 
 from __future__ import annotations
@@ -145,9 +139,8 @@ class _Writer:
 
 def same_flatten(source: str | os.PathLike, fields: Sequence[str], out: str | os.PathLike,
                  order: str = "record", min_chars: int = 0) -> FlattenResult | None:
-    """The recorded result when `out` already holds this very flatten: its `aleph.flatten`
-    recipe names the same source, shards, fields, order and min_chars, and no shard was
-    modified after `out` was written. None otherwise (no file, another recipe, unreadable)."""
+    """The recorded result when `out` holds this very flatten (the same recipe, no shard
+    modified after it was written); None otherwise."""
     out = Path(out).expanduser()
     try:
         meta = json.loads((readers.Parquet(out, what="--out").file.metadata.metadata or {})[META_KEY])
@@ -226,18 +219,16 @@ def _one_pass(files: Sequence[Path], pass_fields: Sequence[str], min_chars: int,
     for cols in record_batches(files, pass_fields):
         n = len(cols[pass_fields[0]])
         caps, rows, names = w.cols
-        skipped_before = {f: sum(res.skipped[f].values()) for f in pass_fields}
         for j in range(n):
             for f in pass_fields:
                 v = cols[f][j]
                 if isinstance(v, str) and len(v) >= need:
                     caps.append(v), rows.append(row + j), names.append(f)
+                    res.kept[f] += 1
                 else:
                     why = ("missing" if v is None else "not_string" if not isinstance(v, str)
                            else "empty" if not v else "short")
                     res.skipped[f][why] += 1
-        for f in pass_fields:  # kept = this batch's records less its skips, per field
-            res.kept[f] += n - (sum(res.skipped[f].values()) - skipped_before[f])
         res.rows = sum(res.kept.values())
         if len(caps) >= WRITE_ROWS:
             w.flush()

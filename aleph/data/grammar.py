@@ -9,7 +9,7 @@ several templates, so one meaning has many paraphrases. The stand-in teacher
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 # concept -> surface words (synonyms); the first word is the concept's name.
 OBJECTS = {
@@ -62,11 +62,8 @@ class Meaning:
     companion: str | None = None
 
     def concepts(self) -> dict[str, str]:
-        out = {"object": self.object, "colour": self.colour, "action": self.action,
-               "place": self.place}
-        if self.companion is not None:
-            out["companion"] = self.companion
-        return out
+        """{slot: concept} in field order, the companion only when there is one."""
+        return {slot: c for slot, c in asdict(self).items() if c is not None}
 
 
 def sample_meaning(rng: random.Random, p_companion: float = 0.3) -> Meaning:

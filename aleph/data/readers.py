@@ -1,16 +1,9 @@
 """Untrusted caption files, opened safely: regular files only, gzip streams, shard directories.
 
-Every caption input (a single file, each shard of a directory) goes through
-`open_regular` (`Stream` reads it): checked by stat, opened by `aleph._io.open_regular`
-with O_NONBLOCK and checked with fstat before a byte is read, so a FIFO, a device or a
-directory is refused in one line instead of blocking the reader; a `.gz` file is
-decompressed as a stream (`.txt.gz`, `.jsonl.gz`), and a damaged or truncated gzip stream
-is a DataError naming the file, never a traceback. Lines are read with a bound
-(`MAX_LINE_BYTES`), so a file without newlines (or a gzip bomb of one line) cannot take
-the memory. A parquet file is read through `Parquet` (the same stat check, page-sized
-buffered reads, one-line errors). `shard_files` lists a directory's shards in name order,
-refusing a symlink that leads out of the directory and numbers whose name order differs
-from their numeric order.
+Every caption input is checked by stat, then opened by `aleph._io.open_regular` (O_NONBLOCK,
+fstat), so a FIFO or a device is refused in one line instead of blocking the reader. A
+damaged gzip stream is a DataError naming the file; lines are bounded (`MAX_LINE_BYTES`), so
+a file without newlines (or a one-line gzip bomb) cannot take the memory.
 """
 
 from __future__ import annotations
@@ -36,8 +29,7 @@ _GZ_ERRORS = (OSError, EOFError, zlib.error)  # BadGzipFile is an OSError; trunc
 
 
 def _refused(path: str | os.PathLike, what: str, e: OSError, doing: str) -> DataError:
-    """The one line for an input that cannot be read: missing, not a regular file (what
-    it is instead), or the system's reason for refusing `doing` it."""
+    """The one line for an input that is missing, not a regular file, or refused `doing`."""
     if isinstance(e, NotRegularFile):
         return DataError(f"{what} {path} is {e.kind}; expected a regular file")
     if e.errno == errno.ENOENT:
@@ -46,8 +38,8 @@ def _refused(path: str | os.PathLike, what: str, e: OSError, doing: str) -> Data
 
 
 def check_regular(path: str | os.PathLike, what: str = "captions file") -> os.stat_result:
-    """os.stat of `path` (following symlinks), or a DataError when it is missing or not a
-    regular file. stat never blocks, so a FIFO is told apart before anything opens it."""
+    """os.stat of `path` (links followed), or a DataError when it is missing or not a
+    regular file: stat never blocks, so a FIFO is told apart before anything opens it."""
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
@@ -58,9 +50,8 @@ def check_regular(path: str | os.PathLike, what: str = "captions file") -> os.st
 
 
 def open_regular(path: str | os.PathLike, what: str = "captions file"):
-    """A binary file object of the regular file `path`: checked by stat (a device or FIFO
-    is never opened), then opened by `aleph._io.open_regular` (O_NONBLOCK, and fstat of
-    what was opened: the path may have been swapped for a FIFO in between)."""
+    """A binary file object of the regular file `path`: `check_regular`, then
+    `aleph._io.open_regular` (the path may have been swapped for a FIFO in between)."""
     check_regular(path, what)
     try:
         return os.fdopen(_io.open_regular(path), "rb")
@@ -84,22 +75,17 @@ class Stream:
         return DataError(f"{self.path}: damaged or unreadable {kind} ({why}); expected a "
                          f"complete {'gzip-compressed ' if self.gz else ''}file")
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int, line: bool = False) -> bytes:
+        """At most `n` bytes (`line`: up to and including the next \\n)."""
         try:
-            return self._f.read(n)
+            return (self._f.readline if line else self._f.read)(n)
         except _GZ_ERRORS as e:
             raise self._fail(e) from None
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
         """(1-based line number, line without its \\n), each at most MAX_LINE_BYTES."""
         n = 0
-        while True:
-            try:
-                raw = self._f.readline(MAX_LINE_BYTES + 1)
-            except _GZ_ERRORS as e:
-                raise self._fail(e) from None
-            if not raw:
-                return
+        while raw := self.read(MAX_LINE_BYTES + 1, line=True):
             n += 1
             if len(raw) > MAX_LINE_BYTES:
                 raise DataError(f"{self.path}:{n}: line longer than {MAX_LINE_BYTES:,} bytes; "
@@ -119,12 +105,9 @@ class Stream:
 
 
 class Parquet:
-    """A parquet file of captions or records, read by record batches: opened by path
-    (Arrow's own reads) right after `check_regular`, so the open cannot block on a FIFO or
-    a device; buffered reads without pre-buffering, so a row group's column chunk is read
-    page by page and memory does not scale with the row group's size. A file that is not
-    parquet, a missing column in `columns`, a page that cannot be read: one-line DataErrors
-    naming the file."""
+    """A parquet file read by record batches, opened by path right after `check_regular`;
+    buffered reads without pre-buffering, so memory does not scale with a row group's size.
+    Not parquet, a missing column of `columns`, an unreadable page: one-line DataErrors."""
 
     def __init__(self, path: str | os.PathLike, columns: Sequence[str] = (),
                  what: str = "captions file") -> None:
@@ -143,16 +126,11 @@ class Parquet:
     def batches(self, columns: list[str], rows: int) -> Iterator:
         """pyarrow RecordBatches of `columns`, at most `rows` rows each (no columns: one
         per row group, of its row count), in row order, read on this thread."""
-        it = self.file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
-        while True:
-            try:
-                rb = next(it)
-            except StopIteration:
-                return
-            except Exception as e:  # a damaged data page after a readable footer
-                cols = f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {columns} are"
-                raise DataError(f"{self.path}: {cols} not readable ({_arrow_why(e)})") from None
-            yield rb
+        try:  # the consumer's own errors never reach here: only the reader's
+            yield from self.file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
+        except Exception as e:  # a damaged data page after a readable footer
+            cols = f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {columns} are"
+            raise DataError(f"{self.path}: {cols} not readable ({_arrow_why(e)})") from None
 
 
 def _arrow_why(e: Exception) -> str:
@@ -173,11 +151,9 @@ def caption_format(path: Path) -> str:
 
 
 def shard_files(directory: str | os.PathLike) -> list[Path]:
-    """The shards of a caption directory (names ending in .jsonl, .jsonl.gz or .parquet;
-    other names, dot files and subdirectories are not shards), in name order, which is
-    their row order. Refused: a directory without shards, a shard that is a symlink leading
-    outside the directory, a shard that is not a regular file, and names that sort
-    differently by name and by number (shard_2 before shard_10 is ambiguous)."""
+    """The shards (SHARD_SUFFIXES, no dot files) of a caption directory in name order, their
+    row order. Refused: no shards, a symlink leading outside, a shard that is not a regular
+    file, names that sort differently by name and by number (shard_2, shard_10)."""
     d = Path(directory)
     try:
         names = sorted(n for n in os.listdir(d) if n.endswith(SHARD_SUFFIXES)
@@ -210,7 +186,7 @@ SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape: 
 
 def check_unicode(value: object, where: str) -> None:
     """A DataError naming `where` when a string in `value` holds a lone surrogate (JSON's
-    "\\ud800" escape parses to one; UTF-8 cannot encode it, so Arrow and the tokenizer fail)."""
+    "\\ud800" parses to one; UTF-8 cannot encode it, so Arrow and the tokenizer fail)."""
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as e:
@@ -219,8 +195,8 @@ def check_unicode(value: object, where: str) -> None:
 
 
 def parse_json_line(raw: bytes, where: str) -> object:
-    """The JSON value of one line of a .jsonl file, or a DataError naming `where`: text that
-    is not UTF-8 (UTF-16 included), invalid JSON, nesting too deep, a lone surrogate."""
+    """The JSON value of one .jsonl line, or a DataError naming `where`: not UTF-8, invalid
+    JSON, nesting too deep, a lone surrogate."""
     try:
         obj = parse_json_bytes(raw)
     except ValueError as e:
@@ -238,8 +214,7 @@ def json_why(e: ValueError) -> str:
 
 
 def jsonl_objects(path: Path) -> Iterator[tuple[int, object]]:
-    """(line number, parsed JSON value) of each non-blank line of a .jsonl(.gz) file
-    (`parse_json_line`: UTF-8 only, bounded nesting, no lone surrogates)."""
+    """(line number, `parse_json_line` value) of each non-blank line of a .jsonl(.gz) file."""
     with Stream(path) as f:
         for n, raw in f.lines():
             try:

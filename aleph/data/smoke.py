@@ -5,8 +5,7 @@
   targets/chunk-NNN.pt    fp16 (N_i, 768) unit rows, plain tensors (torch.load(weights_only=True))
   tokenizer/              a WordPiece tokenizer loadable with transformers' AutoTokenizer
   smoke.json              manifest, written last: arguments, rows, chunk rows, file sha256s
-A second call with the same arguments finds the manifest and files intact and reuses them.
-The manifest's file hashes are checked on every call (a few MB), so a damaged set is rebuilt.
+A later call reuses a set whose manifest and file hashes (checked every call) are intact.
 """
 
 from __future__ import annotations
@@ -76,18 +75,13 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 def _manifest_ok(root: Path, rows: int, seed: int) -> bool:
-    path = root / "smoke.json"
-    if not path.is_file():
-        return False
     try:
-        man = read_json(path)
+        man = read_json(root / "smoke.json") if (root / "smoke.json").is_file() else None
     except ValueError:
         return False
-    if not isinstance(man, dict) or not isinstance(man.get("files"), dict) \
-            or not isinstance(man.get("chunk_rows"), list):
-        return False
-    if (man.get("format"), man.get("version"), man.get("rows"), man.get("seed")) != (
-            FORMAT, VERSION, rows, seed):
+    want = {"format": FORMAT, "version": VERSION, "rows": rows, "seed": seed}
+    if not isinstance(man, dict) or any(man.get(k) != v for k, v in want.items()) or not (
+            isinstance(man.get("files"), dict) and isinstance(man.get("chunk_rows"), list)):
         return False
     files = man["files"]
     return bool(files) and all(
@@ -102,23 +96,17 @@ def _smoke_data(root: Path, rows: int) -> SmokeData:
 
 
 def default_root(rows: int = 4096, seed: int = 0) -> Path:
-    """<work>/data/smoke-<rows> (seed 0) or smoke-<rows>-s<seed>: one directory per set.
-
-    ensure_smoke_data keeps one set per root, so sets of different sizes or seeds in one
-    work root get their own directories instead of rebuilding each other's. The trainer
-    and `aleph data smoke` both use this, so they share the set.
-    """
+    """<work>/data/smoke-<rows> (seed 0) or smoke-<rows>-s<seed>: one directory per set, so
+    sets of other sizes or seeds do not rebuild each other's (the trainer and `aleph data
+    smoke` share them)."""
     name = f"smoke-{rows}" if seed == 0 else f"smoke-{rows}-s{seed}"
     return work_root() / "data" / name
 
 
 def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> SmokeData:
     """Write the smoke data set into `root` unless an intact copy for (rows, seed) is there.
-
-    `root` holds one set: other arguments rebuild it. Concurrent callers (several arms
-    launched at once) serialise on a lock file beside `root`; the set is staged in a
-    temporary sibling directory and swapped in, so `root` is never half written.
-    """
+    Concurrent callers serialise on a lock file beside `root`; the set is staged in a
+    temporary sibling and swapped in, so `root` is never half written."""
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 2:
         raise DataError(f"smoke rows: expected an integer >= 2, got {rows!r}")
     root = Path(root).absolute()
@@ -144,11 +132,7 @@ def ensure_smoke_data(root: str | Path, rows: int = 4096, seed: int = 0) -> Smok
 
 
 def _check_replaceable(root: Path) -> None:
-    """Refuse to replace anything but a smoke set (or an empty directory) at `root`.
-
-    Rebuilding swaps the whole directory out and deletes it, so a --root that names a
-    file or a directory of other data must be an error, not a deletion.
-    """
+    """Refuse to replace (and so delete) anything but a smoke set or an empty directory."""
     if not root.exists():
         return
     if not root.is_dir():
@@ -194,12 +178,8 @@ def _write(root: Path, rows: int, seed: int) -> None:
 
 
 def sts_pairs(n: int, seed: int) -> list[tuple[str, str, float]]:
-    """n STS-style (text_a, text_b, gold 0-5) pairs from the smoke grammar.
-
-    b restates a with 0-4 of its slots changed (uniformly many), both rendered with
-    independent synonyms and templates; gold = 5 * the meanings' feature-overlap cosine
-    (`teacher.overlap_cosine`), rounded to 3 decimals.
-    """
+    """n STS-style (text_a, text_b, gold 0-5) pairs from the smoke grammar: b restates a
+    with 0-4 slots changed, gold = 5 * `overlap_cosine(a, b)` rounded to 3 decimals."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise DataError(f"sts pairs n {n!r}: expected a positive integer")
     rng = random.Random(seed)

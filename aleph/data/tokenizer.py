@@ -1,9 +1,5 @@
-"""Tokenizers: loading (bert-base-uncased or a local directory) and training the smoke WordPiece.
-
-Both go through the same transformers code path, `AutoTokenizer.from_pretrained`, which
-for bert-base-uncased and for the smoke directory resolves to transformers'
-`BertTokenizer` (in transformers 5 a `tokenizers`-backed fast tokenizer).
-"""
+"""Tokenizers: loading (bert-base-uncased or a local directory) and training the smoke WordPiece;
+both load through `AutoTokenizer.from_pretrained` as transformers' fast `BertTokenizer`."""
 
 from __future__ import annotations
 
@@ -31,14 +27,10 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
                    use_bundle: bool = True):
     """A transformers fast tokenizer from a local directory or a hub name (e.g. bert-base-uncased).
 
-    A hub name is taken from the offline bundle when it holds it (`aleph.data.bundle`,
-    written by `aleph data fetch`), else from the hub, cached under `cache_dir` (default
-    <work root>/cache/hf). A missing directory, an unknown name, or a name that cannot be
-    fetched offline is a DataError, and so is a hub answer `aleph._hub.guard_hub` refuses
-    (an ETag or commit that is not a hex digest). `use_bundle=False` goes to the hub (what
-    `aleph data fetch` does to fill the bundle). A hub name in TOKENIZER_PINS is fetched
-    at its pinned commit.
-    """
+    A hub name comes from the offline bundle when it holds it (unless `use_bundle=False`),
+    else from the hub at its TOKENIZER_PINS commit, cached under `cache_dir` (default
+    <work root>/cache/hf). Anything that cannot be loaded, or a hub answer
+    `aleph._hub.guard_hub` refuses, is a DataError."""
     from transformers import AutoTokenizer  # heavy import, only when a tokenizer is needed
 
     name = str(name_or_dir)
@@ -95,7 +87,7 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
 
 def _check_entries(path: Path) -> None:
     """Every entry of a tokenizer directory is a regular file or a directory: a FIFO named
-    tokenizer.json would block transformers' open forever, a device would be read without end."""
+    tokenizer.json would block transformers' open forever."""
     for entry in sorted(path.iterdir()):
         st = entry.stat() if entry.exists() else entry.lstat()
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
@@ -104,9 +96,8 @@ def _check_entries(path: Path) -> None:
 
 
 def tokenizer_threads(cgroup_root: str | os.PathLike | None = None) -> int:
-    """Threads the tokenizers library should use here: the CPUs this process may run on,
-    capped by the container's CPU quota (cgroup cfs quota / period, rounded down, at
-    least 1: 17 for the seed's 17.85), not the host's CPU count (`aleph.env.cgroup`)."""
+    """Threads the tokenizers library should use: the CPUs this process may run on, capped
+    by the cgroup CPU quota rounded down (17 for the seed's 17.85), at least 1."""
     from aleph.env.cgroup import DEFAULT_ROOT, read_envelope
 
     try:
@@ -120,12 +111,8 @@ def tokenizer_threads(cgroup_root: str | os.PathLike | None = None) -> int:
 
 
 def configure_threads() -> str:
-    """Size the tokenizers library's thread pool (rayon: RAYON_NUM_THREADS) from
-    `tokenizer_threads()`, unless the environment already sets it; returns what applies.
-
-    The pool is created at the first parallel encode of the process, so this must run
-    before it (the token store builder calls it before encoding).
-    """
+    """Set RAYON_NUM_THREADS to `tokenizer_threads()` unless the environment sets it; the
+    line saying what applies. Must run before the process's first parallel encode."""
     if os.environ.get("TOKENIZERS_PARALLELISM", "").lower() in ("0", "false", "off", "no"):
         return "tokenizer threads: 1 (TOKENIZERS_PARALLELISM is off)"
     if os.environ.get("RAYON_NUM_THREADS"):
@@ -136,11 +123,8 @@ def configure_threads() -> str:
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 of the tokenizer's serialised definition (vocab, normaliser, post-processor, ...).
-
-    The backend's `truncation` and `padding` entries are dropped: transformers sets them
-    on every call, so they describe the last call, not the tokenizer.
-    """
+    """sha256 of the tokenizer's serialised definition, less `truncation` and `padding`
+    (transformers sets them on every call: they describe the last call, not the tokenizer)."""
     definition = json.loads(tokenizer.backend_tokenizer.to_str())
     definition.pop("truncation", None)
     definition.pop("padding", None)
@@ -148,16 +132,11 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def wordpiece_vocab(captions: Iterable[str], vocab_size: int = 1024) -> dict[str, int]:
-    """A deterministic WordPiece vocabulary learned from `captions`.
-
-    Words are counted after the BERT normaliser (lowercase, accents stripped) and
-    pre-tokeniser, exactly as the tokenizer will split them. The vocabulary is the
-    specials, every character seen (alone and as a `##` continuation, so nothing maps to
-    [UNK]), then whole words by descending count (ties alphabetical) up to `vocab_size`.
-    Not `tokenizers.trainers.WordPieceTrainer`: its merge order breaks ties
-    nondeterministically (four runs on the same smoke captions gave four different
-    vocabularies), and the smoke data must be byte-identical every time.
-    """
+    """A deterministic WordPiece vocabulary: the specials, every character seen (alone and
+    as `##c`, so nothing is [UNK]), then words as the BERT normaliser and pre-tokeniser split
+    them, by descending count (ties alphabetical), up to `vocab_size`. Not
+    `WordPieceTrainer`: it breaks ties nondeterministically, and the smoke data must be
+    byte-identical every time."""
     from tokenizers import normalizers, pre_tokenizers
 
     norm = normalizers.BertNormalizer(lowercase=True)
@@ -175,13 +154,8 @@ def wordpiece_vocab(captions: Iterable[str], vocab_size: int = 1024) -> dict[str
 
 
 def train_wordpiece(captions: Iterable[str], out_dir: str | Path, vocab_size: int = 1024) -> Path:
-    """Learn a BERT-style uncased WordPiece vocabulary on `captions`; save a transformers directory.
-
-    Specials [PAD]=0 [UNK] [CLS] [SEP] [MASK]. The vocabulary goes to transformers'
-    BertTokenizer (BERT normaliser and pre-tokeniser, WordPiece, [CLS] x [SEP]), whose
-    save_pretrained writes the files bert-base-uncased ships. Written into a temporary
-    sibling directory and renamed, so `out_dir` is complete or absent.
-    """
+    """Learn an uncased WordPiece vocabulary on `captions`; save it as a transformers
+    BertTokenizer directory (the files bert-base-uncased ships), atomically."""
     from transformers import BertTokenizer
 
     bert = BertTokenizer(vocab=wordpiece_vocab(captions, vocab_size), do_lower_case=True,

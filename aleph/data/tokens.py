@@ -51,11 +51,8 @@ def token_store_dir(captions_sha: str, tok_fp: str, max_len: int, root: Path | N
 
 
 def captions_sha256(captions: Sequence[str] | CaptionSource) -> str:
-    """sha256 of the captions as UTF-8 lines (each followed by \\n), in row order.
-
-    A list is hashed as it is; a `CaptionSource` is hashed while streaming (its own
-    `sha256`), so the digest of a 31.9M-row file never needs the captions in memory.
-    """
+    """sha256 of the captions as UTF-8 lines (each followed by \\n), in row order; a
+    `CaptionSource` is hashed while streaming (its own `sha256`)."""
     if isinstance(captions, CaptionSource):
         return captions.sha256()
     h = CaptionsHasher()
@@ -78,8 +75,8 @@ class TokenStore:
 
     @property
     def content_sha256(self) -> str:
-        """Path-independent hash of the store's contents: the sha256 of both arrays (from the
-        manifest, computed when they were written) with rows, max_len and pad_id."""
+        """Path-independent hash of the store: both arrays' sha256 (from the manifest) with
+        rows, max_len and pad_id."""
         m = self.manifest
         return sha256_json({"files": m["files"], "rows": m["rows"], "max_len": m["max_len"],
                             "pad_id": m["pad_id"]})
@@ -94,10 +91,8 @@ class TokenStore:
         return self
 
     def gather(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows `indices` as (input_ids (B, L') long, attention_mask (B, L') bool).
-
-        L' is the longest row of this batch, so short captions do not pay for max_len.
-        """
+        """Rows `indices` as (input_ids (B, L') long, attention_mask (B, L') bool); L' is the
+        longest row of this batch, so short captions do not pay for max_len."""
         idx = np.asarray(indices.cpu() if torch.is_tensor(indices) else indices, dtype=np.int64)
         if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= self.rows)):
             raise IndexError(f"token store {self.path}: indices must be 1-d in [0, {self.rows})")
@@ -128,16 +123,10 @@ class _ListSource:
 def build_token_store(captions: Sequence[str] | CaptionSource, tokenizer, out_dir: str | Path,
                       max_len: int = 128, batch: int = BATCH, *, expect_sha256: str | None = None,
                       flush_bytes: int = FLUSH_BYTES) -> TokenStore:
-    """Tokenise `captions` (truncated to max_len) into a store at `out_dir`, or reuse it.
-
-    `captions` is a list or a `CaptionSource` (`aleph.data.captions.open_captions`), read
-    batch by batch: memory does not grow with the number of rows. The captions' sha256 is
-    computed while they are tokenised; `expect_sha256` (a digest computed earlier, e.g. to
-    find this store's cache directory) must equal it, or the source changed in between
-    and nothing is kept. An existing store built from the same captions, tokenizer and
-    max_len is reused; one built from anything else is a StoreError (pick another
-    directory or remove it).
-    """
+    """Tokenise `captions` (a list or a `CaptionSource`, read batch by batch; truncated to
+    max_len) into a store at `out_dir`, hashing them on the way: `expect_sha256` (computed
+    earlier, e.g. to find the cache directory) must match, or nothing is kept. A store of
+    the same captions, tokenizer and max_len is reused; of anything else, a StoreError."""
     out_dir = Path(out_dir)
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
         raise DataError(f"max_len {max_len!r}: expected an integer >= 2 (room for [CLS] and [SEP])")
@@ -162,12 +151,8 @@ def build_token_store(captions: Sequence[str] | CaptionSource, tokenizer, out_di
 
 def _build(out_dir: Path, src, rows: int, tokenizer, want: dict, batch: int,
            expect_sha256: str | None, flush_bytes: int) -> str:
-    """Write the store in a temporary sibling, then rename it to `out_dir`; return the
-    captions' sha256 computed on the way.
-
-    Two builders of the same store (runs launched together) both write; the second
-    rename fails because `out_dir` exists, and that builder uses the winner's store.
-    """
+    """Write the store in a temporary sibling and rename it to `out_dir`; the captions'
+    sha256. Of two builders of one store, the second rename fails and it uses the winner's."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     max_len = want["max_len"]
     check_free_space(out_dir.parent, rows * (max_len + 1) * 4 + 4096,
@@ -198,14 +183,10 @@ def _build(out_dir: Path, src, rows: int, tokenizer, want: dict, batch: int,
 
 
 def _encoder(tokenizer, max_len: int):
-    """A private copy of the tokenizer's backend (`tokenizers.Tokenizer`) that truncates
-    to max_len as transformers' `truncation=True` does, and its batch encode function.
-
-    The copy is what transformers would call, minus its per-call Python work (and its
-    per-call truncation/padding state, so concurrent builders never share one backend).
-    `encode_batch_fast` (tokenizers >= 0.20) skips character offsets, which the store
-    does not keep; the ids are the same.
-    """
+    """The batch encode function of a private copy of the tokenizer's backend, truncating
+    as transformers' `truncation=True` does: what transformers would call, minus its
+    per-call Python work and shared truncation state. `encode_batch_fast` skips the
+    character offsets the store does not keep; the ids are the same."""
     from tokenizers import Tokenizer
 
     enc = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
@@ -217,13 +198,8 @@ def _encoder(tokenizer, max_len: int):
 
 def _write_arrays(tmp: Path, src, rows: int, tokenizer, max_len: int, batch: int,
                   flush_bytes: int) -> tuple[str, dict[str, str]]:
-    """Stream `src` into ids.npy and lengths.npy; return (captions sha256, file sha256s).
-
-    Batch k+1 is encoded (the tokenizers library's threads, GIL released) while batch k
-    is unpacked and written, so the Python side hides behind the encoder. Files are
-    written with pwrite and their pages flushed and dropped every `flush_bytes`, so
-    neither the arrays nor their dirty page cache grow with the row count.
-    """
+    """Stream `src` into ids.npy and lengths.npy; (captions sha256, file sha256s). Batch
+    k+1 is encoded (GIL released) while batch k is written, hiding the Python side."""
     from concurrent.futures import ThreadPoolExecutor
 
     configure_threads()
@@ -251,10 +227,9 @@ def _write_arrays(tmp: Path, src, rows: int, tokenizer, max_len: int, batch: int
                     raise DataError(f"captions {src.name}: more rows than the {rows} counted "
                                     "before reading (changed while being read?)")
                 hasher.update(texts)
-                job = pool.submit(encode, texts)
-                if pending is not None:
-                    emit(pending.result())
-                pending = job
+                pending, done = pool.submit(encode, texts), pending
+                if done is not None:
+                    emit(done.result())
             if pending is not None:
                 emit(pending.result())
         if hasher.rows != rows:
@@ -268,9 +243,8 @@ def _write_arrays(tmp: Path, src, rows: int, tokenizer, max_len: int, batch: int
 
 
 def _npy_writer(path: Path, shape: tuple[int, ...], flush_bytes: int) -> DurableWriter:
-    """A new C-order int32 .npy file of `shape`, reserved at its full size and its header
-    written (the header np.save writes); its rows follow with `.write`. Its pages are
-    flushed and dropped as it goes (`DurableWriter`), as the target store's writer does."""
+    """A new int32 .npy file of `shape` (a `DurableWriter`, reserved at its full size), its
+    header (np.save's) written; its rows follow with `.write`."""
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {
         "descr": np.lib.format.dtype_to_descr(np.dtype(np.int32)),
@@ -283,10 +257,8 @@ def _npy_writer(path: Path, shape: tuple[int, ...], flush_bytes: int) -> Durable
 
 
 def open_token_store(path: str | Path, verify_hashes: bool = False) -> TokenStore:
-    """Open a store read-only, checking its manifest against the arrays' headers and lengths.
-
-    `verify_hashes` also re-hashes both arrays (reads every byte: slow for the real corpus).
-    """
+    """Open a store read-only, its manifest checked against the arrays' headers and lengths
+    (`verify_hashes`: and their sha256, reading every byte)."""
     path = Path(path)
     man_path = path / "manifest.json"
     if not man_path.is_file():
