@@ -17,7 +17,6 @@ The manifest itself carries `format_version` (aleph.record.layout.FORMAT_VERSION
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 # Launch statuses: 'running' while the launch lives; then 'complete' (all steps done),
 # 'stopped' (SIGTERM/SIGINT: exit 76, errors.EXIT_STOPPED, resumable), 'failed' (an error, with its exit status)
@@ -97,10 +96,8 @@ class LaunchRecord:
 
     def label(self) -> str:
         """'launch 2 (<id>, steps 6-12)': the launch and the step range the run kept of it."""
-        rng = ""
-        if self.effective is not None:
-            start, end = self.effective
-            rng = f", steps {start}-{'?' if end is None else end}"
+        start, end = self.effective or (None, None)
+        rng = "" if self.effective is None else f", steps {start}-{'?' if end is None else end}"
         return f"launch {self.index} ({self.launch_id}{rng})"
 
 
@@ -130,11 +127,11 @@ def read_launches(manifest: dict) -> list[LaunchRecord]:
                     end = max(start, min(cut, end) if end is not None else cut)
                     break
             effective = (start, end)
-        code = e.get("code") if isinstance(e.get("code"), dict) else {}
-        env = e.get("environment") if isinstance(e.get("environment"), dict) else None
-        out.append(LaunchRecord(i, e, derive_action(e), steps, effective, code, env,
-                                e.get("envelope") if isinstance(e.get("envelope"), dict) else None,
-                                e.get("execution") if isinstance(e.get("execution"), dict) else None))
+        code, env, envelope, execution = (
+            e.get(k) if isinstance(e.get(k), dict) else None
+            for k in ("code", "environment", "envelope", "execution"))
+        out.append(LaunchRecord(i, e, derive_action(e), steps, effective, code or {}, env,
+                                envelope, execution))
     return out
 
 
@@ -145,11 +142,8 @@ def training_launches(manifest: dict) -> list[LaunchRecord]:
 
 def reference_launch(manifest: dict) -> LaunchRecord | None:
     """The first launch that trained steps the run kept; else the first launch at all."""
-    trained = training_launches(manifest)
-    if trained:
-        return trained[0]
     launches = read_launches(manifest)
-    return launches[0] if launches else None
+    return next((r for r in launches if r.trained), launches[0] if launches else None)
 
 
 def describe_lost(entry: dict) -> str:
@@ -157,13 +151,3 @@ def describe_lost(entry: dict) -> str:
     lost = entry.get("lost")
     return str(lost.get("diagnosis", "")) if isinstance(lost, dict) else ""
 
-
-def as_json_safe(value: Any) -> Any:
-    """A value made JSON-able (sets to sorted lists, tuples to lists)."""
-    if isinstance(value, dict):
-        return {str(k): as_json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [as_json_safe(v) for v in value]
-    if isinstance(value, set):
-        return sorted(as_json_safe(v) for v in value)
-    return value

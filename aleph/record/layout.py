@@ -96,16 +96,10 @@ def config_fields(path: Path, doc: Any) -> dict[str, Any]:
     return fields
 
 
-def _is_real_dir(path: Path) -> bool:
+def _lstat_is(path: Path, test) -> bool:
+    """test(st_mode) of `path` itself (a link is never followed); False when it is missing."""
     try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
+        return test(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
 
@@ -118,12 +112,8 @@ def write_marker(state: Path, step: int, files: dict[str, dict]) -> None:
 
 def read_marker(state: Path) -> dict[str, dict]:
     """{file name: {sha256, size}} of `state`'s COMPLETE marker, every STATE_FILES entry there.
-
-    A JSON marker of another format version (or none) is refused (StoreError, exit 2:
-    check_version); an unreadable one, one that is not a JSON object (such as the plain line
-    `step N`), a malformed one or one recording another step is a ValueError saying what is
-    wrong (the state is damaged).
-    """
+    Another format version is a StoreError (check_version); an unreadable, malformed or
+    other-step marker is a ValueError saying what is wrong (the state is damaged)."""
     path = Path(state) / COMPLETE
     try:
         marker = json.loads(read_bounded(path, _MARKER_MAX, follow=False))
@@ -211,11 +201,11 @@ class RunLayout:
         if not root.is_dir():
             return []
         return sorted(p for p in root.iterdir() if step_of(p.name) is not None
-                      and _is_real_dir(p) and _is_regular(p / COMPLETE))
+                      and _lstat_is(p, stat.S_ISDIR) and _lstat_is(p / COMPLETE, stat.S_ISREG))
 
     def is_state_dir(self, path: Path) -> bool:
         """Whether `path` is a real directory named step-NNNNNNNN (complete or not)."""
-        return step_of(Path(path).name) is not None and _is_real_dir(path)
+        return step_of(Path(path).name) is not None and _lstat_is(path, stat.S_ISDIR)
 
     @property
     def weights(self) -> Path:
