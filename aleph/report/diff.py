@@ -1,23 +1,14 @@
-"""`aleph runs diff A B`: is run B equivalent to run A? The seed's argument, made mechanical.
+"""`aleph runs diff A B`: is run B equivalent to run A?
 
-Seven sections are compared from the run directories' own files (manifest.json with its
-per-launch records, config.json, launches/*): environment, envelope, execution, code,
-config, target store, launches. An eighth, "vs E1", states for each run how it differs
-from the published E1 setup and the e1 preset (aleph.report.comparability, with its
-eval.json when it has one): information, never held against A and B's equivalence. A run is represented by the launches that trained steps
-it kept (aleph.record.launch); the first of them is compared with the other run's, and
-every later one with its own run's first, naming the launch and its step range where the
-code, environment, envelope or execution changed. A launch that trained nothing (a no-op
-relaunch of a complete run, a refused or interrupted one) never adds a caveat. Every
-finding has a level:
-- same / info: nothing that can change what the run computed;
-- caveat: a difference that is named in the verdict (the reader judges it; e.g. executed
-  code that changed, a resumed run, a change that makes results not bitwise comparable);
-- blocker: a difference that changes what was computed (torch/CUDA/cuDNN/Python, a
-  training hyper-parameter, different target contents).
-Verdict: "not equivalent" if any blocker, else "equivalent with caveats" if any caveat,
-else "equivalent". The arm and seed are the experiment's variables: they are reported,
-never held against equivalence (the seed compares a1, a2 and a3 runs).
+Sections compared from the run directories' own files: environment, envelope, execution,
+code, config, target store, launches, plus "vs E1" (aleph.report.comparability), which is
+information only. A run is represented by the first launch that trained steps it kept
+(aleph.record.launch); each later such launch is compared with its run's first, naming its
+step range. Levels: same/info (cannot change what was computed), caveat (named in the
+verdict for the reader to judge), blocker (changes what was computed: torch/CUDA/Python,
+a hyper-parameter, target contents). Verdict: "not equivalent" with any blocker, else
+"equivalent with caveats" with any caveat, else "equivalent". Arm and seed are the
+experiment's variables: reported, never held against equivalence.
 """
 
 from __future__ import annotations
@@ -88,6 +79,11 @@ def _v(value) -> str:
     return "not present" if value is None else str(value)
 
 
+def _same_or(level: str, name: str, va, vb) -> tuple[str, str]:
+    """('same', 'name va') when equal, else (level, 'name va vs vb')."""
+    return ("same", f"{name} {_v(va)}") if va == vb else (level, f"{name} {_v(va)} vs {_v(vb)}")
+
+
 def _minor(version) -> str:
     return ".".join(str(version).split(".")[:2])
 
@@ -109,12 +105,9 @@ def compare_environment(d: RunDiff, ea: dict, eb: dict) -> None:
         d.add(s, "blocker", f"Python {pa} vs {pb}")
     else:
         d.add(s, "caveat", f"Python patch level differs: {pa} vs {pb}")
-    for key in ENV_BLOCKING:
-        va, vb = ea.get(key), eb.get(key)
-        d.add(s, "same" if va == vb else "blocker", f"{key} {_v(va)}" if va == vb else f"{key} {_v(va)} vs {_v(vb)}")
-    for key in ENV_CAVEAT:
-        va, vb = ea.get(key), eb.get(key)
-        d.add(s, "same" if va == vb else "caveat", f"{key} {_v(va)}" if va == vb else f"{key} {_v(va)} vs {_v(vb)}")
+    for key in (*ENV_BLOCKING, *ENV_CAVEAT):
+        level = "blocker" if key in ENV_BLOCKING else "caveat"
+        d.add(s, *_same_or(level, key, ea.get(key), eb.get(key)))
     _compare_gpus(d, ea.get("gpus") or [], eb.get("gpus") or [])
     _compare_packages(d, ea, eb)
 
@@ -178,8 +171,7 @@ def compare_envelope(add, ea: dict | None, eb: dict | None, la: str = "A", lb: s
     if _gpu_memory(ea) != _gpu_memory(eb):
         add("caveat", f"GPU memory {_gpu_memory(ea)} vs {_gpu_memory(eb)}")
     for key, name in ENVELOPE_INFO.items():
-        va, vb = ea.get(key), eb.get(key)
-        add("same" if va == vb else "info", f"{name} {_v(va)}" if va == vb else f"{name} {_v(va)} vs {_v(vb)}")
+        add(*_same_or("info", name, ea.get(key), eb.get(key)))
 
 
 def _fmt(value) -> str:
@@ -233,46 +225,37 @@ HOLDING = ("store_implementation",)  # how targets are held: judged in the targe
 # another host), while the contents are judged by content keys in the targets section
 # (target store content hash; token store key = captions content, tokenizer, max_len).
 SOURCES = ("captions", "captions_column", "targets", "tokenizer")
+_CONFIG_INFO = ((INTENDED, "experiment variable"), (LABELS, "a label only"),
+                (HOLDING, "see target store"),
+                (SOURCES, "a data location: contents judged in the targets section"),
+                (_RESUMABLE, "does not change what is computed"))
 
 
 def _flatten(obj, prefix="") -> dict:
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: obj}
+    if not isinstance(obj, dict):
+        return {prefix[:-1]: obj}
+    return {k: v for key, val in obj.items() for k, v in _flatten(val, f"{prefix}{key}.").items()}
 
 
 def compare_config(d: RunDiff, ca: dict, cb: dict, executed: bool = False) -> None:
-    """Every differing field is a blocker unless it is classed above (both configs are of
-    this code's format_version, so every field is recorded in both). A field that changes
-    the floating-point result (threads, device, bf16, deterministic, compile) is a caveat
-    "not bitwise comparable", judged from what the launches executed when both runs
-    recorded it (`executed`: the execution section), else from the configs."""
+    """Every differing field is a blocker unless classed above. A field that changes the
+    floating-point result is a caveat "not bitwise comparable", or info when both runs
+    recorded what they executed (`executed`: judged in the execution section)."""
     s = "config"
     fa, fb = _flatten(ca), _flatten(cb)
     differing = sorted(k for k in set(fa) | set(fb) if fa.get(k, ...) != fb.get(k, ...))
     for key in differing:
         va, vb = fa.get(key, "absent"), fb.get(key, "absent")
         text = f"{key}: {va!r} vs {vb!r}"
-        if key in NUMERIC_CONFIG_FIELDS:
-            fact = NUMERIC_CONFIG_FIELDS[key]
-            if executed:
-                d.add(s, "info", f"{text} (judged from what each launch executed: {fact} in "
-                      "the execution section)")
-            else:
-                d.add(s, "caveat", f"{text}: not bitwise comparable: {NUMERIC_FACTS[fact]}")
-        elif key in INTENDED:
-            d.add(s, "info", f"{text} (experiment variable)")
-        elif key in LABELS:
-            d.add(s, "info", f"{text} (a label only)")
-        elif key in HOLDING:
-            d.add(s, "info", f"{text} (see target store)")
-        elif key in SOURCES:
-            d.add(s, "info", f"{text} (a data location: contents judged in the targets section)")
-        elif key in _RESUMABLE:
-            d.add(s, "info", f"{text} (does not change what is computed)")
+        fact = NUMERIC_CONFIG_FIELDS.get(key)
+        why = next((why for names, why in _CONFIG_INFO if key in names), None)
+        if fact is not None and executed:
+            d.add(s, "info", f"{text} (judged from what each launch executed: {fact} in "
+                  "the execution section)")
+        elif fact is not None:
+            d.add(s, "caveat", f"{text}: not bitwise comparable: {NUMERIC_FACTS[fact]}")
+        elif why is not None:
+            d.add(s, "info", f"{text} ({why})")
         else:
             d.add(s, "blocker", text)
     if not [k for k in differing if k not in INTENDED]:
@@ -318,10 +301,8 @@ def _within_run(d: RunDiff, who: str, run: Path, manifest: dict, repo: Path | No
 
 def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) -> RunDiff:
     run_a, run_b = rundir.require_run_dir(run_a), rundir.require_run_dir(run_b)
-    ma = rundir.read_run_json(run_a, rundir.MANIFEST)
-    mb = rundir.read_run_json(run_b, rundir.MANIFEST)
-    ca = rundir.read_run_json(run_a, rundir.CONFIG)
-    cb = rundir.read_run_json(run_b, rundir.CONFIG)
+    ma, mb = (rundir.read_run_json(r, rundir.MANIFEST) for r in (run_a, run_b))
+    ca, cb = (rundir.read_run_json(r, rundir.CONFIG) for r in (run_a, run_b))
     d = RunDiff(rundir.run_label(run_a, ma), rundir.run_label(run_b, mb))
     src_a, src_b = str(run_a / rundir.MANIFEST), str(run_b / rundir.MANIFEST)
     # Each run through the first launch whose steps it kept (the record of that launch;
@@ -335,9 +316,8 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
                      ref_a.envelope if ref_a else None, ref_b.envelope if ref_b else None)
     xa, xb = (ref_a.execution if ref_a else None), (ref_b.execution if ref_b else None)
     compare_execution(lambda level, text: d.add("execution", level, text), xa, xb)
-    code_a = ref_a.code if ref_a else {}
-    code_b = ref_b.code if ref_b else {}
-    compare_code(d, code_a, code_b, repo, la, lb, run_a, run_b)
+    compare_code(d, ref_a.code if ref_a else {}, ref_b.code if ref_b else {}, repo, la, lb,
+                 run_a, run_b)
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         _within_run(d, who, run, m, repo)
     compare_config(d, ca, cb, executed=xa is not None and xb is not None)
