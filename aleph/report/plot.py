@@ -1,16 +1,11 @@
 """The E1 picture: `aleph report` writes it as report.png beside the tables.
 
-Six panels, 1500 x 800 px: training loss per run over samples seen (from each run's
-TensorBoard `train/loss`, x = step x the global batch of its config.json), capability
-per arm and seed (dispatch on; open markers: dispatch off; published E1 runs as black
-crosses when asked for or when the runs are e1-preset runs), and four bank health gauges
-of the a1/a3 runs over samples, each averaged over the layers (`health/layerNN/<gauge>`):
-gate mean, anchor drift, usage perplexity and the share of negative address weights.
+Six panels, 1500 x 800 px: training loss per run over samples seen (tb `train/loss`),
+capability per arm and seed (open markers: dispatch off; published E1 runs as black
+crosses), and four bank health gauges averaged over layers (`health/layerNN/<gauge>`).
 Runs not comparable to P (`aleph.report.comparability`) are never drawn on the published
-scale: the capability panel splits in two, runs comparable to P with the published crosses
-on the left, the others as diamonds on their own axis on the right, titled "not comparable
-to P"; their curves and the picture's title carry the same words, and so does the PNG's
-Description text (one line per run: its `vs P` cell).
+scale: the capability panel splits, those runs go on their own axis as diamonds, and
+their curves, the title and the PNG's Description text say "not comparable to P".
 Rendered with matplotlib's Agg backend (no display needed), written atomically.
 """
 
@@ -48,8 +43,7 @@ def read_scalars(run_dir: Path, prefixes: tuple[str, ...] = ("train/", "health/"
     out = {}
     for tag in acc.Tags().get("scalars", []):
         if tag.startswith(prefixes):
-            by_step = {e.step: e.value for e in acc.Scalars(tag)}
-            out[tag] = sorted(by_step.items())
+            out[tag] = sorted({e.step: e.value for e in acc.Scalars(tag)}.items())
     return out
 
 
@@ -123,8 +117,7 @@ def _title(runs: list[dict]) -> str:
 
 
 def _style(runs: list[dict], row: dict) -> dict:
-    same_arm = [r for r in runs if r["arm"] == row["arm"]]
-    i = same_arm.index(row)
+    i = [r for r in runs if r["arm"] == row["arm"]].index(row)
     return {"color": ARM_COLOURS.get(row["arm"], "grey"), "linestyle": LINESTYLES[i % len(LINESTYLES)]}
 
 
@@ -173,9 +166,7 @@ def _capability_panel(ax, report, runs) -> None:
 def _capability_axes(ax, runs, pub, title: str, apart: bool = False) -> None:
     arms = [a for a in ARM_ORDER if any(r["arm"] == a for r in runs)]
     arms += sorted({r["arm"] for r in runs} - set(arms))
-    for a in (r["arm"] for r in pub):
-        if a not in arms:
-            arms.append(a)
+    arms = list(dict.fromkeys(arms + [r["arm"] for r in pub]))
     labelled = False
     marker = "D" if apart else "o"  # diamonds: never mistaken for runs on the published scale
     for i, arm in enumerate(arms):
