@@ -1,26 +1,17 @@
 """The launch entries of `manifest.json` (`launches[]`): schema, statuses, actions, step ranges.
 
-Every launch appends one entry and only ever writes its own; an earlier launch's entry
-is changed only to mark it `lost` (with the diagnosis of its heartbeat) when it died
-without recording its end. Fields of an entry (docs/ARCHITECTURE.md has the full list):
-- `status` (STATUSES), `exit_status`, `note`: how it ended;
-- `action` (ACTIONS): what it did for the run: trained from step 0, resumed and trained,
-  found the run complete (no-op), was refused, or trained nothing;
-- `steps` {from, to}: the step it started from and the step it reached (for a lost
-  launch: the step of its last heartbeat);
-- `code` {revision, dirty, source_sha256, executed}, `environment`, `envelope`,
-  `execution`, `inputs`: what it executed, on what, with which stores.
-
-The manifest itself carries `format_version` (aleph.record.layout.FORMAT_VERSION).
+Every launch appends one entry and writes only its own, except to mark an earlier one
+`lost` (with its heartbeat's diagnosis) when it died without recording its end. Fields
+(docs/ARCHITECTURE.md has the full list): `status`, `exit_status`, `note`, `action`,
+`steps` {from, to}, `code`, `environment`, `envelope`, `execution`, `inputs`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Launch statuses: 'running' while the launch lives; then 'complete' (all steps done),
-# 'stopped' (SIGTERM/SIGINT: exit 76, errors.EXIT_STOPPED, resumable), 'failed' (an error, with its exit status)
-# or 'lost' (set by a later launch for one that died without recording its end).
+# 'running' while the launch lives; then 'complete', 'stopped' (SIGTERM/SIGINT: exit 76,
+# resumable), 'failed' (with its exit status) or 'lost' (set by a later launch).
 RUNNING, COMPLETE, STOPPED, FAILED, LOST = "running", "complete", "stopped", "failed", "lost"
 STATUSES = (RUNNING, COMPLETE, STOPPED, FAILED, LOST)
 # Note of a launch that found the run already finished and trained nothing (not a resume).

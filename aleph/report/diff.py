@@ -52,6 +52,10 @@ class RunDiff:
         assert level in LEVELS, level  # programming error, not user input
         self.findings.append(Finding(section, level, text))
 
+    def adder(self, section: str):
+        """add(level, text) into `section`."""
+        return lambda level, text: self.add(section, level, text)
+
     @property
     def caveats(self) -> list[str]:
         return [f.text for f in self.findings if f.level == "caveat"]
@@ -207,8 +211,8 @@ def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None, la: str = "A
     (aleph.report.code_compare)."""
     exec_a, why_a = read_executed(run_a, ca) if run_a is not None else (None, "")
     exec_b, why_b = read_executed(run_b, cb) if run_b is not None else (None, "")
-    cd = code_compare.compare_code(lambda level, text: d.add(section, level, text), ca, cb,
-                                   repo, la, lb, exec_a, exec_b, why_a, why_b)
+    cd = code_compare.compare_code(d.adder(section), ca, cb, repo, la, lb, exec_a, exec_b,
+                                   why_a, why_b)
     if cd is not None and d.code_diff is None:
         d.code_diff = cd
 
@@ -293,10 +297,10 @@ def _within_run(d: RunDiff, who: str, run: Path, manifest: dict, repo: Path | No
                   lambda x, e1=ref.environment, e2=r.environment: compare_environment(x, e1, e2))
         if ref.envelope and r.envelope:
             _lift(d, "envelope", f"{lb} vs {la}: ", lambda x, e1=ref.envelope, e2=r.envelope:
-                  compare_envelope(lambda lv, t: x.add("envelope", lv, t), e1, e2))
+                  compare_envelope(x.adder("envelope"), e1, e2))
         if ref.execution and r.execution:
             _lift(d, "execution", f"{lb} vs {la}: ", lambda x, e1=ref.execution, e2=r.execution:
-                  compare_execution(lambda lv, t: x.add("execution", lv, t), e1, e2))
+                  compare_execution(x.adder("execution"), e1, e2))
 
 
 def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) -> RunDiff:
@@ -312,20 +316,19 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
     several_b = len({r.code.get("source_sha256") for r in training_launches(mb)}) > 1
     la, lb = _label("A", ref_a, several_a), _label("B", ref_b, several_b)
     compare_environment(d, _environment(ref_a, src_a), _environment(ref_b, src_b))
-    compare_envelope(lambda level, text: d.add("envelope", level, text),
-                     ref_a.envelope if ref_a else None, ref_b.envelope if ref_b else None)
+    compare_envelope(d.adder("envelope"), ref_a.envelope if ref_a else None,
+                     ref_b.envelope if ref_b else None)
     xa, xb = (ref_a.execution if ref_a else None), (ref_b.execution if ref_b else None)
-    compare_execution(lambda level, text: d.add("execution", level, text), xa, xb)
+    compare_execution(d.adder("execution"), xa, xb)
     compare_code(d, ref_a.code if ref_a else {}, ref_b.code if ref_b else {}, repo, la, lb,
                  run_a, run_b)
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         _within_run(d, who, run, m, repo)
     compare_config(d, ca, cb, executed=xa is not None and xb is not None)
     ta, tb = rundir.manifest_targets(ma, src_a), rundir.manifest_targets(mb, src_b)
-    for level, text in store_diff.compare_targets(ta, tb):
-        d.add("targets", level, text)
     sources_differ = any(_flatten(ca).get(k) != _flatten(cb).get(k) for k in SOURCES)
-    for level, text in store_diff.compare_tokens(ta, tb, sources_differ):
+    for level, text in [*store_diff.compare_targets(ta, tb),
+                        *store_diff.compare_tokens(ta, tb, sources_differ)]:
         d.add("targets", level, text)
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         for level, text in launches.check_launches(run, m):
