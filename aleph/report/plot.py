@@ -125,22 +125,28 @@ def _xs(points, per_step, x_is_samples):
     return [s * per_step if x_is_samples else s for s, _ in points]
 
 
-def _loss_panel(ax, runs, scalars, per_step, x_is_samples, xlabel) -> None:
-    drawn = 0
-    for row, sc, ps in zip(runs, scalars, per_step, strict=True):
-        pts = sc.get("train/loss")
+def _curves(ax, runs, curves, per_step, x_is_samples, xlabel, title, empty, **title_kw) -> bool:
+    """One line per run that has points (`curves[i]`: [(step, value)]); False when none has."""
+    drawn = False
+    for row, pts, ps in zip(runs, curves, per_step, strict=True):
         if pts:
-            ax.plot(_xs(pts, ps, x_is_samples), [v for _, v in pts], label=_label(row), **_style(runs, row))
-            drawn += 1
-    ax.set_title("training loss (distillation: NCE + MSE)")
+            ax.plot(_xs(pts, ps, x_is_samples), [v for _, v in pts], label=_label(row),
+                    **_style(runs, row))
+            drawn = True
+    ax.set_title(title, **title_kw)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("loss (log scale)")
-    if drawn:
+    ax.grid(alpha=0.3)
+    if not drawn:
+        _empty(ax, empty)
+    return drawn
+
+
+def _loss_panel(ax, runs, scalars, per_step, x_is_samples, xlabel) -> None:
+    if _curves(ax, runs, [sc.get("train/loss") for sc in scalars], per_step, x_is_samples, xlabel,
+               "training loss (distillation: NCE + MSE)", "no train/loss scalars in the runs' tb/"):
         ax.set_yscale("log")
         ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no train/loss scalars in the runs' tb/")
-    ax.grid(alpha=0.3)
+    ax.set_ylabel("loss (log scale)")
 
 
 def _capability_panel(ax, report, runs) -> None:
@@ -199,26 +205,20 @@ def _capability_axes(ax, runs, pub, title: str, apart: bool = False) -> None:
 
 
 def _health_panel(ax, gauge, title, runs, scalars, per_step, x_is_samples, xlabel) -> None:
-    drawn = 0
-    for row, sc, ps in zip(runs, scalars, per_step, strict=True):
-        layers = [pts for tag, pts in sc.items()
-                  if tag.startswith("health/layer") and tag.rsplit("/", 1)[-1] == gauge]
-        if not layers:
-            continue
-        by_step: dict[int, list[float]] = defaultdict(list)
-        for pts in layers:
+    if _curves(ax, runs, [_layer_mean(sc, gauge) for sc in scalars], per_step, x_is_samples,
+               xlabel, f"bank health (mean over layers)\n{title}",
+               "no bank arm (a1/a3) with health scalars", fontsize=10):
+        ax.legend(fontsize=8)
+
+
+def _layer_mean(scalars: dict, gauge: str) -> list:
+    """[(step, mean over layers)] of a run's `health/layerNN/<gauge>`; [] when it has none."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for tag, pts in scalars.items():
+        if tag.startswith("health/layer") and tag.rsplit("/", 1)[-1] == gauge:
             for s, v in pts:
                 by_step[s].append(v)
-        pts = sorted((s, sum(v) / len(v)) for s, v in by_step.items())
-        ax.plot(_xs(pts, ps, x_is_samples), [v for _, v in pts], label=_label(row), **_style(runs, row))
-        drawn += 1
-    ax.set_title(f"bank health (mean over layers)\n{title}", fontsize=10)
-    ax.set_xlabel(xlabel)
-    if drawn:
-        ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no bank arm (a1/a3) with health scalars")
-    ax.grid(alpha=0.3)
+    return sorted((s, sum(v) / len(v)) for s, v in by_step.items())
 
 
 def _empty(ax, text: str) -> None:
