@@ -138,6 +138,11 @@ def read_marker(state: Path) -> dict[str, dict]:
     return files
 
 
+def _under(name: str, parent: str = "dir") -> property:
+    """A RunLayout path: `name` under the run directory (or under another of its paths)."""
+    return property(lambda self: getattr(self, parent) / name)
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """Paths of one run directory."""
@@ -147,33 +152,19 @@ class RunLayout:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
 
-    @property
-    def config(self) -> Path:
-        return self.dir / CONFIG
-
-    @property
-    def manifest(self) -> Path:
-        return self.dir / MANIFEST
-
-    @property
-    def metrics(self) -> Path:
-        return self.dir / METRICS
-
-    @property
-    def eval(self) -> Path:
-        return self.dir / EVAL
-
-    @property
-    def lock(self) -> Path:
-        return self.dir / LOCK
-
-    @property
-    def sync_state(self) -> Path:
-        return self.dir / SYNC_STATE
-
-    @property
-    def launches(self) -> Path:
-        return self.dir / LAUNCHES
+    config = _under(CONFIG)
+    manifest = _under(MANIFEST)
+    metrics = _under(METRICS)
+    eval = _under(EVAL)
+    lock = _under(LOCK)
+    sync_state = _under(SYNC_STATE)
+    launches = _under(LAUNCHES)
+    checkpoints = _under(CHECKPOINTS)
+    weights = _under(WEIGHTS)
+    final_weights = _under(FINAL, "weights")  # the last step's weights
+    final_weights_file = _under(WEIGHTS_FILE, "final_weights")
+    tb = _under(TB)
+    tokenizer = _under(TOKENIZER)
 
     def launch_log(self, launch_id: str, rank: int = 0) -> Path:
         return self.launches / (f"{launch_id}.log" if rank == 0 else f"{launch_id}.rank{rank}.log")
@@ -184,10 +175,6 @@ class RunLayout:
     def code_record(self, launch_id: str) -> Path:
         """launches/<id>.code.json: the functions of aleph/ the launch executed."""
         return self.launches / f"{launch_id}{CODE_SUFFIX}"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.dir / CHECKPOINTS
 
     def state_dir(self, step: int) -> Path:
         """checkpoints/step-NNNNNNNN/: step `step`'s resume state."""
@@ -207,26 +194,5 @@ class RunLayout:
         """Whether `path` is a real directory named step-NNNNNNNN (complete or not)."""
         return step_of(Path(path).name) is not None and _lstat_is(path, stat.S_ISDIR)
 
-    @property
-    def weights(self) -> Path:
-        return self.dir / WEIGHTS
-
-    @property
-    def final_weights(self) -> Path:
-        """weights/final/: the directory of the last step's weights."""
-        return self.weights / FINAL
-
-    @property
-    def final_weights_file(self) -> Path:
-        return self.final_weights / WEIGHTS_FILE
-
     def step_weights(self, step: int) -> Path:
         return self.weights / step_name(step)
-
-    @property
-    def tb(self) -> Path:
-        return self.dir / TB
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.dir / TOKENIZER
