@@ -223,18 +223,15 @@ def preimport() -> None:
     import importlib
 
     for name in PREIMPORT:
-        try:
+        with contextlib.suppress(Exception):  # a missing or broken one: the trainer reports it
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001  (a missing or broken one is the trainer's error to report)
-            pass
 
 
 class Tracer:
     """Notes the code objects called while on; `record()` turns them into scopes of aleph/."""
 
     def __init__(self, root: Path | None = None, cache: Path | None | bool = True) -> None:
-        """`cache`: the directory of cached scope hashes (True: `scope_cache_dir()`; None or
-        False: none)."""
+        """`cache`: the scope hash cache directory (True: `scope_cache_dir()`; falsy: none)."""
         self.root = Path(root or package_dir())
         self.cache = scope_cache_dir() if cache is True else (cache or None)
         self.files = package_files(self.root)  # the snapshot the launch executes

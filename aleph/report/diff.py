@@ -23,7 +23,6 @@ from aleph.record.launch import (
     NUMERIC_CONFIG_FIELDS,
     NUMERIC_FACTS,
     LaunchRecord,
-    read_launches,
     reference_launch,
     training_launches,
 )
@@ -159,10 +158,14 @@ def _gpu_memory(env: dict) -> list:
     return sorted((g.get("name"), g.get("memory_mib")) for g in env.get("gpus") or [])
 
 
+def _unrecorded(xa, xb, la: str, lb: str) -> str:
+    """Who of the two launches did not record it ('' when both did)."""
+    return " and ".join(w for w, x in ((la, xa), (lb, xb)) if x is None)
+
+
 def compare_envelope(add, ea: dict | None, eb: dict | None, la: str = "A", lb: str = "B") -> None:
     """The resource envelopes two launches ran in (aleph.record.provenance.envelope)."""
-    if ea is None or eb is None:
-        who = " and ".join(w for w, e in ((la, ea), (lb, eb)) if e is None)
+    if who := _unrecorded(ea, eb, la, lb):
         add("info", f"envelope not recorded by {who} (a launch from before per-launch records)")
         return
     for key, name in ENVELOPE_CAVEAT.items():
@@ -189,17 +192,13 @@ def _fmt(value) -> str:
 def compare_execution(add, xa: dict | None, xb: dict | None, la: str = "A", lb: str = "B") -> None:
     """What each launch executed with that changes the floating-point result
     (aleph.record.launch.NUMERIC_FACTS): any difference is a caveat, with the reason."""
-    if xa is None or xb is None:
-        who = " and ".join(w for w, x in ((la, xa), (lb, xb)) if x is None)
+    if who := _unrecorded(xa, xb, la, lb):
         add("info", f"execution facts not recorded by {who} (a launch from before per-launch "
             "records): see the config section")
         return
     for key, why in NUMERIC_FACTS.items():
-        va, vb = xa.get(key), xb.get(key)
-        if va == vb:
-            add("same", f"{key} {_v(va)}")
-        else:
-            add("caveat", f"{key} {_v(va)} vs {_v(vb)}: not bitwise comparable: {why}")
+        level, text = _same_or("caveat", key, xa.get(key), xb.get(key))
+        add(level, text if level == "same" else f"{text}: not bitwise comparable: {why}")
 
 
 # --- code ---------------------------------------------------------------------------------
@@ -340,5 +339,3 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
         d.add("vs E1", "info", f"{who}: {judged['text']}{tasks}")
     return d
 
-
-__all__ = ["RunDiff", "Finding", "diff_runs", "read_launches"]
