@@ -10,6 +10,7 @@ its working set was within 2% of the limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -39,11 +40,8 @@ def process_memory(status: Path = Path("/proc/self/status")) -> tuple[int | None
 
 
 class LaunchMonitor:
-    """The live state of one launch (phase, first and current step) and its heartbeat.
-
-    The trainer sets `phase` and `step` as it goes (plain attribute writes); the thread
-    writes them with the memory figures every `interval_s`. `path` None: no file (ranks > 0).
-    """
+    """The live state of one launch (phase, first and current step, set by the trainer as
+    it goes), written with the memory figures every `interval_s`; `path` None: no file."""
 
     def __init__(self, path: Path | None, launch_id: str, interval_s: float = 5.0,
                  on_first_beat=None) -> None:
@@ -69,10 +67,8 @@ class LaunchMonitor:
         if self.path is None:
             return
         self.last = self.snapshot()
-        try:
+        with contextlib.suppress(OSError):  # a full disk must not kill training: next beat retries
             atomic_write_json(self.path, self.last)
-        except OSError:  # a full disk must not kill training; the next beat retries
-            pass
 
     def start(self) -> LaunchMonitor:
         """First beat now (so even a launch killed at once leaves one), then the thread."""
@@ -84,14 +80,11 @@ class LaunchMonitor:
         return self
 
     def _run(self) -> None:
-        first = True
+        around = self._on_first_beat or contextlib.nullcontext  # the thread's first beat only
         while not self._stop.wait(self.interval_s):
-            if first and self._on_first_beat is not None:
-                with self._on_first_beat():
-                    self.beat()
-            else:
+            with around():
                 self.beat()
-            first = False
+            around = contextlib.nullcontext
 
     def stop(self, phase: str = "ended") -> None:
         """Last beat (phase 'ended') and the thread joined."""
