@@ -200,10 +200,9 @@ def _summarise(arm: str, basis: str, group: list[dict], name_basis: bool) -> lis
         for key in PROBE_KEYS:
             mean[key] = sd[key] = None
             mean[f"{key}_text"] = sd[f"{key}_text"] = why if key == "r_at_1" else MISSING_TEXT
-    mean["dim"] = sd["dim"] = group[0].get("dim")
     worst = next((r for r in group if not r["comparable"]), group[0])
-    mean["comparable"] = sd["comparable"] = worst["comparable"]
-    mean["vs_e1"] = sd["vs_e1"] = worst["vs_e1"]
+    for row in (mean, sd):
+        row.update(dim=group[0].get("dim"), comparable=worst["comparable"], vs_e1=worst["vs_e1"])
     names = set.intersection(*(set(r["tasks"]) for r in group))
     mean["tasks"] = {n: statistics.fmean(r["tasks"][n] for r in group) for n in names}
     sd["tasks"] = {n: statistics.stdev(r["tasks"][n] for r in group) for n in names}

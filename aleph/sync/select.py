@@ -103,13 +103,11 @@ def _hash_stream(f, size: int) -> str:
 
 def _tree(run_dir: Path, top: str) -> list[str]:
     """Regular files under run_dir/top, relative POSIX paths, temporary (dot) files skipped."""
-    root = run_dir / top
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(run_dir / top):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if not name.startswith("."):
-                out.append(Path(dirpath, name).relative_to(run_dir).as_posix())
+        out += [Path(dirpath, name).relative_to(run_dir).as_posix()
+                for name in sorted(filenames) if not name.startswith(".")]
     return out
 
 
