@@ -267,7 +267,9 @@ def compare_config(d: RunDiff, ca: dict, cb: dict, executed: bool = False) -> No
 
 # --- top level ----------------------------------------------------------------------------
 
-def _label(who: str, r: LaunchRecord | None, several: bool) -> str:
+def _label(who: str, r: LaunchRecord | None, manifest: dict) -> str:
+    """'A' or, when the run's kept launches ran several sources, 'A launch 1 (...)'."""
+    several = len({x.code.get("source_sha256") for x in training_launches(manifest)}) > 1
     return f"{who} {r.label()}" if several and r is not None else who
 
 
@@ -311,9 +313,7 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
     # Each run through the first launch whose steps it kept (the record of that launch;
     # for a manifest from before per-launch records, its top-level record).
     ref_a, ref_b = reference_launch(ma), reference_launch(mb)
-    several_a = len({r.code.get("source_sha256") for r in training_launches(ma)}) > 1
-    several_b = len({r.code.get("source_sha256") for r in training_launches(mb)}) > 1
-    la, lb = _label("A", ref_a, several_a), _label("B", ref_b, several_b)
+    la, lb = _label("A", ref_a, ma), _label("B", ref_b, mb)
     compare_environment(d, _environment(ref_a, src_a), _environment(ref_b, src_b))
     compare_envelope(d.adder("envelope"), ref_a.envelope if ref_a else None,
                      ref_b.envelope if ref_b else None)
