@@ -285,11 +285,8 @@ def _lift(d: RunDiff, section: str, prefix: str, compare) -> None:
 def _within_run(d: RunDiff, who: str, run: Path, manifest: dict, repo: Path | None) -> None:
     """Each later launch that trained steps, against the run's first: code, environment,
     envelope, execution changes name the launch and its step range."""
-    trained = training_launches(manifest)
-    if len(trained) < 2:
-        return
-    ref = trained[0]
-    for r in trained[1:]:
+    ref, *later = training_launches(manifest) or [None]
+    for r in later:
         la, lb = f"{who} {ref.label()}", f"{who} {r.label()}"
         if r.code.get("source_sha256") != ref.code.get("source_sha256"):
             compare_code(d, ref.code, r.code, repo, la, lb, run, run)
