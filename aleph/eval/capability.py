@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
@@ -24,8 +24,7 @@ Say = Callable[[str], None]
 
 def task_spearman(model, tokenizer, task: STSTask, max_len: int, batch_size: int, device,
                   say: Say | None = None, label: str = "") -> float:
-    a = [p[0] for p in task.pairs]
-    b = [p[1] for p in task.pairs]
+    a, b = [p[0] for p in task.pairs], [p[1] for p in task.pairs]
     gold = np.array([p[2] for p in task.pairs])  # (N,)
     on_batch = Progress(say, f"{label}{task.name}") if say is not None else None
     emb = encode(model, tokenizer, a + b, max_len, batch_size, device, on_batch)  # (2N, D)
@@ -67,11 +66,9 @@ def capability_with_toggle(
     batch_size: int = DEFAULT_BATCH, device="cpu", say: Say | None = None,
 ) -> dict:
     """Capability with dispatch on; for bank arms also off and the toggle (off - on)."""
-    if has_bank:
-        with dispatch(model, True):
-            on = capability(model, tokenizer, tasks, max_len, batch_size, device, say, "dispatch on: ")
-    else:  # a dense model has no bank to switch
-        on = capability(model, tokenizer, tasks, max_len, batch_size, device, say)
+    with dispatch(model, True) if has_bank else nullcontext():  # a dense model has no bank
+        on = capability(model, tokenizer, tasks, max_len, batch_size, device, say,
+                        "dispatch on: " if has_bank else "")
     result = {"tasks": on["tasks"], "mean": on["mean"],
               "tasks_dispatch_off": None, "mean_dispatch_off": None, "toggle": None}
     if has_bank:

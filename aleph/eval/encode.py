@@ -17,12 +17,9 @@ DEFAULT_BATCH = 128
 
 def tokenize(tokenizer, texts: Sequence[str], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad to the longest text of the batch, truncate at `max_len` (the run's training length)."""
-    enc = tokenizer(
-        list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt"
-    )
-    input_ids = enc["input_ids"].long()  # (B, L)
-    attention_mask = enc["attention_mask"].bool()  # (B, L)
-    return input_ids, attention_mask
+    enc = tokenizer(list(texts), padding=True, truncation=True, max_length=max_len,
+                    return_tensors="pt")
+    return enc["input_ids"].long(), enc["attention_mask"].bool()  # (B, L), (B, L)
 
 
 @torch.inference_mode()
@@ -35,9 +32,8 @@ def encode(
     device: str | torch.device = "cpu",
     on_batch: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
-    """Embeddings (N, D) float32 on the CPU, one row per text of `texts`.
-
-    `on_batch(done, total)` is called after each batch with the distinct texts encoded so far."""
+    """Embeddings (N, D) float32 on the CPU, one row per text of `texts`; `on_batch(done,
+    total)` is called after each batch with the distinct texts encoded so far."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     model.eval()
@@ -45,8 +41,7 @@ def encode(
     rows: list[torch.Tensor] = []
     for start in range(0, len(unique), batch_size):
         ids, mask = tokenize(tokenizer, unique[start : start + batch_size], max_len)
-        out = model(ids.to(device), mask.to(device))  # (b, D)
-        rows.append(out.float().cpu())
+        rows.append(model(ids.to(device), mask.to(device)).float().cpu())  # (b, D)
         if on_batch is not None:
             on_batch(min(start + batch_size, len(unique)), len(unique))
     table = torch.cat(rows) if rows else torch.empty(0, 0)  # (U, D)

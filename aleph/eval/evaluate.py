@@ -1,12 +1,10 @@
 """`aleph eval`: score one run's final weights and record the results in the run.
 
-Writes `eval.json` (atomic) and the same figures as TensorBoard scalars under `eval/`
-in the run's `tb/`: one events file per evaluated step (`*.aleph-eval-step<N>`), which a
-re-evaluation of the same step replaces, so TensorBoard never shows two points at one step. eval.json records the sha256 of the weights file evaluated and a
-fingerprint of all evaluation data (every task's pairs and the probe rows/targets), so
-two eval.json files are comparable exactly when their fingerprints agree. Each task records
-its pair count, the pinned test split's (`expected_pairs`), the sha256 of its pairs in the
-bundle's file format, and whether it is the E1 task (`e1_task`; `not_e1_task` says why not).
+Writes `eval.json` (atomic) and the same figures as TensorBoard scalars under `eval/` in
+`tb/`: one events file per evaluated step, replaced by a re-evaluation of that step.
+eval.json records the weights' sha256 and a fingerprint of all evaluation data, so two
+eval.json files are comparable exactly when their fingerprints agree; each task records
+its pair counts, pairs sha256 and whether it is the E1 task (`not_e1_task` says why not).
 """
 
 from __future__ import annotations
@@ -68,7 +66,7 @@ def evaluate_model(model, tokenizer, max_len: int, tasks: list[STSTask], probe: 
                 "spearman_dispatch_off": (cap["tasks_dispatch_off"] or {}).get(t.name),
                 "pairs": len(t.pairs), "source": t.source, "fingerprint": t.fingerprint,
                 "sha256": t.sha256, "expected_pairs": E1_PAIRS.get(t.name),
-                "e1_task": e1_task_check(t) is None, "not_e1_task": e1_task_check(t),
+                "e1_task": (why := e1_task_check(t)) is None, "not_e1_task": why,
             }
             for t in tasks
         },
@@ -87,8 +85,8 @@ def evaluate_model(model, tokenizer, max_len: int, tasks: list[STSTask], probe: 
             say(f"probes: {p['rows']:,} rows, R@1 {p['r_at_1']:.4f} (b={p['r_at_1_batch_size']}), "
                 f"cos->target {p['cos_target']:.4f}, erank {p['erank']:.1f}/{p['dim']}")
     fps = {t.name: t.fingerprint for t in tasks}
-    fps["probe"] = probe.fingerprint if probe is not None else None
-    result["eval_data_fingerprint"] = sha256_json(fps)
+    result["eval_data_fingerprint"] = sha256_json(
+        {**fps, "probe": probe.fingerprint if probe is not None else None})
     return result
 
 
@@ -115,13 +113,10 @@ def scalars(result: dict) -> dict[str, float]:
     if result.get("capability_dispatch_off") is not None:
         out["eval/capability_dispatch_off"] = result["capability_dispatch_off"]
         out["eval/toggle"] = result["toggle"]
-    for name, t in result["tasks"].items():
-        out[f"eval/sts/{name}"] = t["spearman"]
-    probes = result.get("probes")
-    if probes:
+    out.update({f"eval/sts/{name}": t["spearman"] for name, t in result["tasks"].items()})
+    if probes := result.get("probes"):
         out[f"eval/r_at_1_b{probes['r_at_1_batch_size']}"] = probes["r_at_1"]
-        out["eval/cos_target"] = probes["cos_target"]
-        out["eval/erank"] = probes["erank"]
+        out.update({"eval/cos_target": probes["cos_target"], "eval/erank": probes["erank"]})
     return out
 
 

@@ -1,17 +1,11 @@
 """Probes of how well the student mimics its targets, and how spread its embeddings are.
 
-- Mimicry R@1: rows are cut into consecutive batches of `batch_size`; inside each batch,
-  a row counts as a hit when its own target is the most similar of the batch's targets.
-  The figure depends on the batch size (more candidates, harder), so it is always
-  reported with it. A last batch shorter than `batch_size` is dropped, so every row is
-  scored against the same number of candidates.
-  Ties split (TIE_RULE): a row whose own target shares the top score with k-1 other
-  candidates scores 1/k (the expected hit of a random pick among them); a row whose own
-  target is below the top scores 0. Candidates whose target row is bitwise equal to the
-  row's own target (one caption target appearing twice in a batch) are given exactly the
-  own target's score (`aleph.data.align.retrieval_credit`, which `aleph data check-align`
-  uses too), so the figure does not depend on how the GEMM rounded two copies of one
-  vector: a duplicated target is a tie by identity, never a hit or a miss by rounding.
+- Mimicry R@1: in each full batch of `batch_size` consecutive rows (a short last batch is
+  dropped), a row is a hit when its own target is the most similar of the batch's targets;
+  reported with the batch size, since more candidates make it harder. Ties split
+  (TIE_RULE): sharing the top score with k-1 others scores 1/k. A candidate bitwise equal
+  to the own target gets exactly its score (`aleph.data.align.retrieval_credit`), so a
+  duplicated target is a tie by identity, never a hit or a miss by GEMM rounding.
 - cos->target: mean cosine between a row's embedding and its own target.
 - erank: participation ratio (sum l)^2 / sum l^2 of the eigenvalues l of the embeddings'
   (centred) covariance; between 1 (one direction) and D (isotropic), reported out of D.

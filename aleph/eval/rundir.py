@@ -25,9 +25,8 @@ FINAL_WEIGHTS = Path(RunLayout(".").final_weights.relative_to("."))  # weights/f
 
 
 def resolve_run(given: str | Path) -> Path:
-    """A run as a user gives it: its directory, or its name under <work root>/runs (e.g.
-    `smoke/a2_dense-s0`, `a1_anchored-s1`, a `--name`). An existing directory wins; a name
-    that is neither is returned as given, for require_run_dir to refuse."""
+    """A run as a user gives it: its directory (wins), or its name under <work root>/runs
+    (e.g. `smoke/a2_dense-s0`); neither: returned as given, for require_run_dir to refuse."""
     from aleph._io import RUNS_DIR, work_root
 
     path = Path(given)
@@ -95,9 +94,8 @@ STATUSES = ("complete", "running", "stopped", "failed", "lost", "not started")
 
 
 def lock_held(run_dir: Path) -> bool:
-    """Whether a live launch holds `run.lock` (the trainer's exclusive flock, which the kernel
-    drops when the process dies); probed with a shared non-blocking flock on a read-only
-    descriptor, so nothing is written and no launch is blocked."""
+    """Whether a live launch holds `run.lock` (an flock the kernel drops when the process
+    dies); probed with a shared non-blocking flock, so nothing is written or blocked."""
     import fcntl
     import os
 
@@ -123,14 +121,10 @@ def step_weights(run_dir: Path) -> list[Path]:
 
 
 def run_state(run_dir: str | Path) -> dict[str, Any]:
-    """What a run directory says about its training, read only (manifest.json, run.lock,
-    metrics.json, eval.json): {status (STATUSES), step, total_steps, last_launch {id, start,
-    end, status, action}, launches, final_weights, evaluated (eval.json's weights, or None)}.
-
-    complete: a launch recorded the run complete and weights/final exists; running: a live
-    launch holds run.lock; otherwise the last launch's status, where a launch still marked
-    running whose process no longer holds the lock is lost (it died without recording its end).
-    """
+    """What a run directory says about its training, read only: {status (STATUSES), step,
+    total_steps, last_launch, launches, final_weights, evaluated (eval.json's weights)}.
+    running: a live launch holds run.lock; complete: recorded so, with weights/final;
+    otherwise the last launch's status, `lost` if it is marked running without the lock."""
     run_dir = Path(run_dir)
     manifest = read_run_json(run_dir, MANIFEST, required=False) or {}
     if not isinstance(manifest.get("launches") or [], list):
@@ -148,8 +142,7 @@ def run_state(run_dir: str | Path) -> dict[str, Any]:
         status = "not started"
     else:
         status = last.get("status") if last.get("status") in STATUSES else "lost"
-        if status == "running":
-            status = "lost"  # marked running, but no live process holds the lock
+        status = "lost" if status == "running" else status  # its process holds no lock: died
     ev = read_run_json(run_dir, EVAL, required=False)
     steps = (last.get("steps") or {}) if isinstance(last.get("steps"), dict) else {}
     step = metrics.get("step") if isinstance(metrics.get("step"), int) else steps.get("to")

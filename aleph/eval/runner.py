@@ -17,11 +17,9 @@ from aleph.eval.tasks import E1_PAIRS, e1_task_check, load_tasks, parse_task_nam
 def weights_step(run_dir: Path, weights_dir: Path) -> int:
     """The training step the weights belong to, for the TensorBoard x axis: from the
     directory name (weights/step-NNNNNNNN), else the run's last step (metrics.json)."""
-    match = re.fullmatch(r"step-(\d+)", weights_dir.name)
-    if match:
+    if match := re.fullmatch(r"step-(\d+)", weights_dir.name):
         return int(match.group(1))
-    metrics = rundir.read_run_json(run_dir, rundir.METRICS, required=False) or {}
-    step = metrics.get("step")
+    step = (rundir.read_run_json(run_dir, rundir.METRICS, required=False) or {}).get("step")
     return step if isinstance(step, int) else 0
 
 
@@ -43,23 +41,18 @@ def require_trained(run_dir: Path, config: dict) -> None:
            else "no launch recorded in manifest.json")
     cmd = (f"aleph train --arm {config.get('arm', '<arm>')} --seed {config.get('seed', '<seed>')} "
            f"--preset {config.get('preset', '<preset>')} (with the run's other options)")
-    if state["status"] == "running":
-        todo = "wait for it to finish"
-    else:
-        todo = f"resume it with the command that started it, e.g. `{cmd}`"
+    todo = ("wait for it to finish" if state["status"] == "running"
+            else f"resume it with the command that started it, e.g. `{cmd}`")
     saved = rundir.step_weights(run_dir)
     alt = (f"or evaluate a saved step with `aleph eval {run_dir} --weights {saved[-1]}`" if saved
            else "no weights/step-N is saved yet to evaluate with --weights")
-    raise DataError(f"{run_dir}: training is incomplete ({how}; no {rundir.FINAL_WEIGHTS}): {todo}, {alt}"
-                    if not state["final_weights"] else
-                    f"{run_dir}: training is incomplete ({how}): {todo}, {alt}")
+    missing = "" if state["final_weights"] else f"; no {rundir.FINAL_WEIGHTS}"
+    raise DataError(f"{run_dir}: training is incomplete ({how}{missing}): {todo}, {alt}")
 
 
 def tokenizer_record(config: dict, tok_dir: Path, tokenizer) -> dict:
-    """What eval.json says of the run's tokenizer (RUN/tokenizer): the name it was trained
-    with, the commit this code pins that name to (None when unpinned), the definition's
-    fingerprint, each file's sha256, and whether the fingerprint equals the offline bundle's
-    copy of that name (None when no bundle holds it)."""
+    """What eval.json says of the run's tokenizer: name, pinned commit, fingerprint, each
+    file's sha256, and whether it equals the offline bundle's copy (None: no bundle copy)."""
     from aleph.data.bundle import TOKENIZER_PINS, read_manifest, tokenizer_files
     from aleph.data.tokenizer import tokenizer_fingerprint
 
@@ -93,11 +86,9 @@ def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str |
     if not tok_dir.is_dir():
         raise DataError(f"{tok_dir}: missing (a run directory keeps the tokenizer it trained with)")
     tasks = load_tasks(task_names or default_tasks(config), tasks_dir)  # before the model: fail fast on bad task data
-    if say is not None:
-        for t in tasks:
-            why = e1_task_check(t) if t.name in E1_PAIRS else None
-            if why is not None:
-                say(f"task {t.name}: not the E1 task: {why}")
+    for t in tasks if say is not None else ():
+        if t.name in E1_PAIRS and (why := e1_task_check(t)) is not None:
+            say(f"task {t.name}: not the E1 task: {why}")
     probe, no_probe = (probe_for_run(config, probe_captions, probe_targets, probe_rows, run_dir)
                        if probes else (None, "--no-probes"))
     if probe is not None and probe.kind == "e1-hash-sample" and len(probe.texts) < probe_batch:
@@ -114,7 +105,6 @@ def run_eval(run_dir: str | Path, task_names: list[str] | None, tasks_dir: str |
         n_probe = f", probes on {len(probe.texts):,} rows" if probe is not None else ""
         say(f"evaluating {run_dir} ({wdir}) on {dev}: {len(tasks)} task(s){n_probe}")
     result = evaluate_model(model, tokenizer, max_len, tasks, probe, batch_size, probe_batch, dev, say)
-    result["device"] = dev
-    result["probes_skipped"] = None if probe is not None else no_probe
-    result["tokenizer"] = tokenizer_record(config, tok_dir, tokenizer)
+    result.update(device=dev, probes_skipped=None if probe is not None else no_probe,
+                  tokenizer=tokenizer_record(config, tok_dir, tokenizer))
     return record(run_dir, result, wdir / WEIGHTS, weights_step(run_dir, wdir))

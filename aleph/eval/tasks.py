@@ -1,20 +1,11 @@
 """The STS tasks capability is measured on, and where their pairs come from.
 
-A task is a list of (sentence_a, sentence_b, gold) pairs. Sources, in the order tried
-for each requested name:
-
-1. a local file `<tasks_dir>/<name>.tsv` or `<name>.jsonl` (format below);
-2. `smoke`: pairs built offline from the smoke grammar (`aleph.data.smoke.sts_pairs`);
-3. the offline bundle (`aleph.data.bundle`, written by `aleph data fetch`): the same
-   test split at the same pinned revision, fetched earlier on a machine with network;
-4. the public test split on the Hugging Face hub, through `datasets`, cached under
-   `<work root>/cache/hf` (see `HF_TASKS`: the MTEB copies at pinned revisions).
-
-Local file formats (UTF-8):
-- TSV: a header line `sentence1<TAB>sentence2<TAB>score`, then one pair per line.
-- JSONL: one object per line with keys `sentence1`, `sentence2`, `score`.
-Gold scores are any real numbers (Spearman only uses their order), so STS-B's 0-5,
-SICK-R's 1-5 and BIOSSES's 0-4 scales can be used as published.
+A task is a list of (sentence_a, sentence_b, gold) pairs, from the first source that has
+it: a local `<tasks_dir>/<name>.tsv` (header `sentence1<TAB>sentence2<TAB>score`) or
+`.jsonl` (keys `sentence1`, `sentence2`, `score`); `smoke` (the smoke grammar); the offline
+bundle (`aleph data fetch`); the hub's pinned test split through `datasets` (HF_TASKS),
+cached under `<work root>/cache/hf`. Gold scores are any real numbers (Spearman uses only
+their order), so each set's published scale is used as is.
 """
 
 from __future__ import annotations
@@ -33,11 +24,8 @@ DISPLAY = {
     "stsb": "STS-B", "sickr": "SICK-R", "sts12": "STS12", "sts13": "STS13",
     "sts14": "STS14", "sts15": "STS15", "sts16": "STS16", "biosses": "BIOSSES",
 }
-# Public copies with one schema (sentence1, sentence2, score) and a `test` split: the MTEB
-# copies, pinned to the revisions MTEB's own task definitions pin, so a cached or fresh
-# download always holds the same pairs. Checked against embeddings-benchmark/mteb's task
-# files (mteb/tasks/sts/eng/*.py, 2.x layout): all eight agree; SICK-R is at 20a6d6f3...,
-# the revision MTEB moved to in 2024 from the a6ea5a8c... that this table pinned before.
+# The MTEB copies (sentence1, sentence2, score; a `test` split) at the revisions MTEB's own
+# task definitions pin (mteb/tasks/sts/eng/*.py, 2.x), so every download holds the same pairs.
 HF_TASKS = {
     "stsb": ("mteb/stsbenchmark-sts", "b0fddb56ed78048fa8b90373c8a3cfc37b684831"),
     "sickr": ("mteb/sickr-sts", "20a6d6f312dd54037fe07a32d58e5e168867909d"),
@@ -77,9 +65,8 @@ class STSTask:
 
 
 def e1_task_check(task: STSTask) -> str | None:
-    """None when `task` is the E1 task of its name: the pinned test split with E1's pair
-    count, loaded from the hub or the bundle at the pinned revision, or a local file whose
-    pairs' sha256 equals the one the offline bundle recorded for that task. Otherwise why not."""
+    """None when `task` is the E1 task of its name (E1's pair count, from the pinned hub or
+    bundle copy or a local file of the same pairs sha256 as the bundle's); else why not."""
     expected = E1_PAIRS.get(task.name)
     if expected is None:
         return f"{task.name} is not one of the 8 E1 tasks"
@@ -119,19 +106,17 @@ def load_tasks(names: list[str], tasks_dir: str | Path | None = None) -> list[ST
 
 
 def load_task(name: str, tasks_dir: str | Path | None = None) -> STSTask:
-    if tasks_dir is not None:
-        for ext, reader in ((".tsv", read_tsv), (".jsonl", read_jsonl)):
-            path = Path(tasks_dir) / f"{name}{ext}"
-            if path.is_file():
-                return STSTask(name, reader(path), f"file:{path.name}")
+    readers = ((".tsv", read_tsv), (".jsonl", read_jsonl)) if tasks_dir is not None else ()
+    for ext, reader in readers:
+        if (path := Path(tasks_dir) / f"{name}{ext}").is_file():
+            return STSTask(name, reader(path), f"file:{path.name}")
     if name == "smoke":
         return smoke_task()
     if name in HF_TASKS:
         from aleph.data.bundle import sts_file
 
         dataset_id, revision = HF_TASKS[name]
-        path = sts_file(name, dataset_id, revision)
-        if path is not None:
+        if (path := sts_file(name, dataset_id, revision)) is not None:
             return STSTask(name, read_jsonl(path), f"bundle:{dataset_id}@{revision[:12]}:test")
         return load_hf_task(name)
     where = f" and no {name}.tsv/.jsonl in {tasks_dir}" if tasks_dir else ""
@@ -165,8 +150,7 @@ def load_hf_task(name: str) -> STSTask:
             f"{type(e).__name__}: {why}. Offline? Run once with network access to fill "
             f"the cache, give --tasks-dir with a local {name}.tsv / {name}.jsonl, {fetch_hint()}"
         ) from e
-    missing = {"sentence1", "sentence2", "score"} - set(ds.column_names)
-    if missing:
+    if missing := {"sentence1", "sentence2", "score"} - set(ds.column_names):
         raise DataError(f"dataset {dataset_id} lacks columns {sorted(missing)}")
     pairs = tuple(
         (str(a), str(b), float(s))
@@ -182,8 +166,7 @@ def fill_bundle(root: Path, tokenizers: list[str], names: list[str], say) -> int
     from aleph.data.bundle import TOKENIZER_PINS
     from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
-    unknown = [n for n in names if n not in HF_TASKS]
-    if unknown:
+    if unknown := [n for n in names if n not in HF_TASKS]:
         raise DataError(f"--tasks {','.join(names)!r}: {unknown} are not hub tasks; expected "
                         f"names from {', '.join(HF_TASKS)}")
     for name in tokenizers:

@@ -1,23 +1,14 @@
-"""Which functions of `aleph/` a launch executed, and which changed lines they cover.
+"""Which functions of `aleph/` a launch executed, as hashes of their source.
 
-The seed's central argument ("every hunk on a shared path is gated behind the splat arm,
-which none of these three runs use") made mechanical, at function granularity:
-
-- `Tracer`: a `sys.settrace` hook that only notes each Python code object called (it
-  returns None, so no line events). It is on from `aleph train`'s start (train.command) over the whole preflight
-  and the first steps, then off; afterwards it is switched on again only around the rare
-  events of the loop (logging, resume states, weights, the end), so the steady steps run
-  untraced. Measured cost: see aleph/train/README.md.
-- Scopes: every function of a file (qualified name as Python's `__qualname__`: `C.m`,
-  `f.<locals>.g`) and `<module>` (everything outside function bodies: imports, constants,
-  class bodies, which run at import). A scope's hash is the sha256 of its AST dump with
-  docstrings and nested function bodies left out, so comments, docstrings and formatting
-  do not count as a change, and a change inside a nested function counts for that function.
-  Lambdas and comprehensions belong to the function that contains them.
-- `Tracer.record()`: {file: {scope: hash}} of what ran, plus the sha256 of every file of
-  the package, written beside the launch log (`launches/<id>.code.json`).
-- `aleph.record.executed.classify_hunk`: a changed hunk's scopes on each side, whether it
-  changed code at all, and which runs executed them.
+- `Tracer`: a `sys.settrace` hook that only notes each code object called (no line events).
+  It runs from `aleph train`'s start over the preflight and first steps, then only around
+  the loop's rare events, so steady steps run untraced (cost: aleph/train/README.md).
+- `scopes`: every function of a file (by `__qualname__`) and `<module>` (what runs at
+  import). A scope's hash is the sha256 of its AST dump without docstrings and nested
+  function bodies: comments and formatting are no change, and a change inside a nested
+  function counts for that function. Lambdas and comprehensions belong to their function.
+- `Tracer.record()`: {file: {scope: hash}} of what ran plus every package file's sha256,
+  written as `launches/<id>.code.json`; `aleph.record.executed` judges changed hunks by it.
 
 Granularity is the function: a changed line inside a function that ran counts as executed
 even when its own branch was not taken.
@@ -77,10 +68,7 @@ class Scopes:
         return {name: self.hash(name) for name in sorted(self.names)}
 
     def of_lines(self, numbers) -> set[str]:
-        out: set[str] = set()
-        for n in numbers:
-            out |= self.lines.get(n, {MODULE})
-        return out
+        return set().union(*(self.lines.get(n, {MODULE}) for n in numbers))
 
     def resolve(self, qualname: str) -> str:
         """The scope of a code object's qualname (a lambda or comprehension -> its function)."""
@@ -94,10 +82,9 @@ class Scopes:
 
 
 def _strip_docstring(body: list) -> list:
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        return body[1:]
-    return body
+    first = body[0] if body else None
+    is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    return body[1:] if is_doc and isinstance(first.value.value, str) else body
 
 
 _BODIES = (ast.Module, ast.ClassDef, *_FUNCS)
@@ -236,18 +223,15 @@ def preimport() -> None:
     import importlib
 
     for name in PREIMPORT:
-        try:
+        with contextlib.suppress(Exception):  # a missing or broken one: the trainer reports it
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001  (a missing or broken one is the trainer's error to report)
-            pass
 
 
 class Tracer:
     """Notes the code objects called while on; `record()` turns them into scopes of aleph/."""
 
     def __init__(self, root: Path | None = None, cache: Path | None | bool = True) -> None:
-        """`cache`: the directory of cached scope hashes (True: `scope_cache_dir()`; None or
-        False: none)."""
+        """`cache`: the scope hash cache directory (True: `scope_cache_dir()`; falsy: none)."""
         self.root = Path(root or package_dir())
         self.cache = scope_cache_dir() if cache is True else (cache or None)
         self.files = package_files(self.root)  # the snapshot the launch executes
@@ -260,10 +244,7 @@ class Tracer:
         self._since = 0.0
 
     def _trace(self, frame, event, arg):
-        code = frame.f_code
-        if id(code) not in self._codes:
-            self._codes[id(code)] = code
-        return None
+        self._codes.setdefault(id(frame.f_code), frame.f_code)  # returns None: no line events
 
     def _note_stack(self) -> None:
         frame = sys._getframe(1)

@@ -1,19 +1,16 @@
 """The heartbeat of a live launch, and what the next launch concludes when one vanished.
 
-Rank 0 of each launch rewrites `launches/<launch id>.heartbeat.json` atomically every few
-seconds (config `heartbeat_seconds`) from a daemon thread: time, phase (preflight step or
-training), step, the process's RSS and peak RSS, and its memory cgroup (directory, usage,
-working set, limit, peak, the OOM-kill counter: v2 `memory.events` oom_kill, v1
-`memory.oom_control` oom_kill). A launch killed by the kernel (the seed's "silent cgroup
-SIGKILL at the final concatenate") cannot record its end; the next launch marks it `lost`
-and, from its last heartbeat, says when it was last alive and at which step, and "likely
-killed by the cgroup OOM killer at X of Y bytes" when the cgroup's counter has risen since
-(read again now from the recorded cgroup directory) or its working set was within 2% of
-the limit.
+Rank 0 rewrites `launches/<launch id>.heartbeat.json` atomically every `heartbeat_seconds`
+from a daemon thread: time, phase, step, RSS and peak RSS, and its memory cgroup (usage,
+working set, limit, peak, OOM-kill counter). A launch the kernel killed cannot record its
+end; the next launch marks it `lost`, says when and at which step it was last alive, and
+"likely killed by the cgroup OOM killer" when the cgroup's counter (read again now) rose or
+its working set was within 2% of the limit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -29,28 +26,22 @@ NEAR_LIMIT = 0.98  # a working set within 2% of the limit counts as at the limit
 
 def process_memory(status: Path = Path("/proc/self/status")) -> tuple[int | None, int | None]:
     """(RSS, peak RSS) of this process in bytes, from /proc/self/status (None elsewhere)."""
-    rss = hwm = None
     try:
         text = status.read_text()
     except OSError:
         return None, None
+    found = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         parts = value.split()
         if key in ("VmRSS", "VmHWM") and parts and parts[0].isdigit():
-            if key == "VmRSS":
-                rss = int(parts[0]) * 1024
-            else:
-                hwm = int(parts[0]) * 1024
-    return rss, hwm
+            found[key] = int(parts[0]) * 1024  # reported in kB
+    return found.get("VmRSS"), found.get("VmHWM")
 
 
 class LaunchMonitor:
-    """The live state of one launch (phase, first and current step) and its heartbeat.
-
-    The trainer sets `phase` and `step` as it goes (plain attribute writes); the thread
-    writes them with the memory figures every `interval_s`. `path` None: no file (ranks > 0).
-    """
+    """The live state of one launch (phase, first and current step, set by the trainer as
+    it goes), written with the memory figures every `interval_s`; `path` None: no file."""
 
     def __init__(self, path: Path | None, launch_id: str, interval_s: float = 5.0,
                  on_first_beat=None) -> None:
@@ -76,10 +67,8 @@ class LaunchMonitor:
         if self.path is None:
             return
         self.last = self.snapshot()
-        try:
+        with contextlib.suppress(OSError):  # a full disk must not kill training: next beat retries
             atomic_write_json(self.path, self.last)
-        except OSError:  # a full disk must not kill training; the next beat retries
-            pass
 
     def start(self) -> LaunchMonitor:
         """First beat now (so even a launch killed at once leaves one), then the thread."""
@@ -91,14 +80,11 @@ class LaunchMonitor:
         return self
 
     def _run(self) -> None:
-        first = True
+        around = self._on_first_beat or contextlib.nullcontext  # the thread's first beat only
         while not self._stop.wait(self.interval_s):
-            if first and self._on_first_beat is not None:
-                with self._on_first_beat():
-                    self.beat()
-            else:
+            with around():
                 self.beat()
-            first = False
+            around = contextlib.nullcontext
 
     def stop(self, phase: str = "ended") -> None:
         """Last beat (phase 'ended') and the thread joined."""

@@ -1,27 +1,17 @@
 """The launch entries of `manifest.json` (`launches[]`): schema, statuses, actions, step ranges.
 
-Every launch appends one entry and only ever writes its own; an earlier launch's entry
-is changed only to mark it `lost` (with the diagnosis of its heartbeat) when it died
-without recording its end. Fields of an entry (docs/ARCHITECTURE.md has the full list):
-- `status` (STATUSES), `exit_status`, `note`: how it ended;
-- `action` (ACTIONS): what it did for the run: trained from step 0, resumed and trained,
-  found the run complete (no-op), was refused, or trained nothing;
-- `steps` {from, to}: the step it started from and the step it reached (for a lost
-  launch: the step of its last heartbeat);
-- `code` {revision, dirty, source_sha256, executed}, `environment`, `envelope`,
-  `execution`, `inputs`: what it executed, on what, with which stores.
-
-The manifest itself carries `format_version` (aleph.record.layout.FORMAT_VERSION).
+Every launch appends one entry and writes only its own, except to mark an earlier one
+`lost` (with its heartbeat's diagnosis) when it died without recording its end. Fields
+(docs/ARCHITECTURE.md has the full list): `status`, `exit_status`, `note`, `action`,
+`steps` {from, to}, `code`, `environment`, `envelope`, `execution`, `inputs`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-# Launch statuses: 'running' while the launch lives; then 'complete' (all steps done),
-# 'stopped' (SIGTERM/SIGINT: exit 76, errors.EXIT_STOPPED, resumable), 'failed' (an error, with its exit status)
-# or 'lost' (set by a later launch for one that died without recording its end).
+# 'running' while the launch lives; then 'complete', 'stopped' (SIGTERM/SIGINT: exit 76,
+# resumable), 'failed' (with its exit status) or 'lost' (set by a later launch).
 RUNNING, COMPLETE, STOPPED, FAILED, LOST = "running", "complete", "stopped", "failed", "lost"
 STATUSES = (RUNNING, COMPLETE, STOPPED, FAILED, LOST)
 # Note of a launch that found the run already finished and trained nothing (not a resume).
@@ -97,10 +87,8 @@ class LaunchRecord:
 
     def label(self) -> str:
         """'launch 2 (<id>, steps 6-12)': the launch and the step range the run kept of it."""
-        rng = ""
-        if self.effective is not None:
-            start, end = self.effective
-            rng = f", steps {start}-{'?' if end is None else end}"
+        start, end = self.effective or (None, None)
+        rng = "" if self.effective is None else f", steps {start}-{'?' if end is None else end}"
         return f"launch {self.index} ({self.launch_id}{rng})"
 
 
@@ -130,11 +118,11 @@ def read_launches(manifest: dict) -> list[LaunchRecord]:
                     end = max(start, min(cut, end) if end is not None else cut)
                     break
             effective = (start, end)
-        code = e.get("code") if isinstance(e.get("code"), dict) else {}
-        env = e.get("environment") if isinstance(e.get("environment"), dict) else None
-        out.append(LaunchRecord(i, e, derive_action(e), steps, effective, code, env,
-                                e.get("envelope") if isinstance(e.get("envelope"), dict) else None,
-                                e.get("execution") if isinstance(e.get("execution"), dict) else None))
+        code, env, envelope, execution = (
+            e.get(k) if isinstance(e.get(k), dict) else None
+            for k in ("code", "environment", "envelope", "execution"))
+        out.append(LaunchRecord(i, e, derive_action(e), steps, effective, code or {}, env,
+                                envelope, execution))
     return out
 
 
@@ -145,11 +133,8 @@ def training_launches(manifest: dict) -> list[LaunchRecord]:
 
 def reference_launch(manifest: dict) -> LaunchRecord | None:
     """The first launch that trained steps the run kept; else the first launch at all."""
-    trained = training_launches(manifest)
-    if trained:
-        return trained[0]
     launches = read_launches(manifest)
-    return launches[0] if launches else None
+    return next((r for r in launches if r.trained), launches[0] if launches else None)
 
 
 def describe_lost(entry: dict) -> str:
@@ -157,13 +142,3 @@ def describe_lost(entry: dict) -> str:
     lost = entry.get("lost")
     return str(lost.get("diagnosis", "")) if isinstance(lost, dict) else ""
 
-
-def as_json_safe(value: Any) -> Any:
-    """A value made JSON-able (sets to sorted lists, tuples to lists)."""
-    if isinstance(value, dict):
-        return {str(k): as_json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [as_json_safe(v) for v in value]
-    if isinstance(value, set):
-        return sorted(as_json_safe(v) for v in value)
-    return value

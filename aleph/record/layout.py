@@ -96,16 +96,10 @@ def config_fields(path: Path, doc: Any) -> dict[str, Any]:
     return fields
 
 
-def _is_real_dir(path: Path) -> bool:
+def _lstat_is(path: Path, test) -> bool:
+    """test(st_mode) of `path` itself (a link is never followed); False when it is missing."""
     try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
+        return test(os.lstat(path).st_mode)
     except FileNotFoundError:
         return False
 
@@ -118,12 +112,8 @@ def write_marker(state: Path, step: int, files: dict[str, dict]) -> None:
 
 def read_marker(state: Path) -> dict[str, dict]:
     """{file name: {sha256, size}} of `state`'s COMPLETE marker, every STATE_FILES entry there.
-
-    A JSON marker of another format version (or none) is refused (StoreError, exit 2:
-    check_version); an unreadable one, one that is not a JSON object (such as the plain line
-    `step N`), a malformed one or one recording another step is a ValueError saying what is
-    wrong (the state is damaged).
-    """
+    Another format version is a StoreError (check_version); an unreadable, malformed or
+    other-step marker is a ValueError saying what is wrong (the state is damaged)."""
     path = Path(state) / COMPLETE
     try:
         marker = json.loads(read_bounded(path, _MARKER_MAX, follow=False))
@@ -148,6 +138,11 @@ def read_marker(state: Path) -> dict[str, dict]:
     return files
 
 
+def _under(name: str, parent: str = "dir") -> property:
+    """A RunLayout path: `name` under the run directory (or under another of its paths)."""
+    return property(lambda self: getattr(self, parent) / name)
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """Paths of one run directory."""
@@ -157,33 +152,19 @@ class RunLayout:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
 
-    @property
-    def config(self) -> Path:
-        return self.dir / CONFIG
-
-    @property
-    def manifest(self) -> Path:
-        return self.dir / MANIFEST
-
-    @property
-    def metrics(self) -> Path:
-        return self.dir / METRICS
-
-    @property
-    def eval(self) -> Path:
-        return self.dir / EVAL
-
-    @property
-    def lock(self) -> Path:
-        return self.dir / LOCK
-
-    @property
-    def sync_state(self) -> Path:
-        return self.dir / SYNC_STATE
-
-    @property
-    def launches(self) -> Path:
-        return self.dir / LAUNCHES
+    config = _under(CONFIG)
+    manifest = _under(MANIFEST)
+    metrics = _under(METRICS)
+    eval = _under(EVAL)
+    lock = _under(LOCK)
+    sync_state = _under(SYNC_STATE)
+    launches = _under(LAUNCHES)
+    checkpoints = _under(CHECKPOINTS)
+    weights = _under(WEIGHTS)
+    final_weights = _under(FINAL, "weights")  # the last step's weights
+    final_weights_file = _under(WEIGHTS_FILE, "final_weights")
+    tb = _under(TB)
+    tokenizer = _under(TOKENIZER)
 
     def launch_log(self, launch_id: str, rank: int = 0) -> Path:
         return self.launches / (f"{launch_id}.log" if rank == 0 else f"{launch_id}.rank{rank}.log")
@@ -194,10 +175,6 @@ class RunLayout:
     def code_record(self, launch_id: str) -> Path:
         """launches/<id>.code.json: the functions of aleph/ the launch executed."""
         return self.launches / f"{launch_id}{CODE_SUFFIX}"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.dir / CHECKPOINTS
 
     def state_dir(self, step: int) -> Path:
         """checkpoints/step-NNNNNNNN/: step `step`'s resume state."""
@@ -211,32 +188,11 @@ class RunLayout:
         if not root.is_dir():
             return []
         return sorted(p for p in root.iterdir() if step_of(p.name) is not None
-                      and _is_real_dir(p) and _is_regular(p / COMPLETE))
+                      and _lstat_is(p, stat.S_ISDIR) and _lstat_is(p / COMPLETE, stat.S_ISREG))
 
     def is_state_dir(self, path: Path) -> bool:
         """Whether `path` is a real directory named step-NNNNNNNN (complete or not)."""
-        return step_of(Path(path).name) is not None and _is_real_dir(path)
-
-    @property
-    def weights(self) -> Path:
-        return self.dir / WEIGHTS
-
-    @property
-    def final_weights(self) -> Path:
-        """weights/final/: the directory of the last step's weights."""
-        return self.weights / FINAL
-
-    @property
-    def final_weights_file(self) -> Path:
-        return self.final_weights / WEIGHTS_FILE
+        return step_of(Path(path).name) is not None and _lstat_is(path, stat.S_ISDIR)
 
     def step_weights(self, step: int) -> Path:
         return self.weights / step_name(step)
-
-    @property
-    def tb(self) -> Path:
-        return self.dir / TB
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.dir / TOKENIZER

@@ -1,11 +1,8 @@
 """What a launch executed and on what: code identity, environment, resource envelope.
 
-`code_revision` is the image's baked `aleph/REVISION`, else the git revision of the
-checkout (+ '-dirty' when `aleph/` has uncommitted changes), else 'unknown'.
-`source_sha256` hashes the package's *.py files (sorted relative paths and bytes): the
-code that actually executed, whatever the revision says. A launch takes one snapshot of
-those files (`package_files`) at its start and derives the source hash and the executed-
-code fingerprint (aleph.record.fingerprint) from that same snapshot.
+`source_sha256` hashes the code that actually executed, whatever the revision says: a
+launch snapshots the package's files once (`package_files`) and derives the source hash and
+the executed-code fingerprint (aleph.record.fingerprint) from that same snapshot.
 """
 
 from __future__ import annotations
@@ -86,9 +83,7 @@ def envelope(environment: dict[str, Any] | None = None) -> dict[str, Any]:
     """The resource envelope the launch ran in: what the kernel enforces (cgroup memory
     limit, CPU quota, cpuset), where it ran (CPU affinity, NUMA nodes, memory cgroup), what
     the host shows, and the GPUs and driver (from `environment`, the env summary)."""
-    env = read_envelope()
-    cpus = hostinfo.affinity()
-    mem = read_memory()
+    env, cpus, mem = read_envelope(), hostinfo.affinity(), read_memory()
     environment = environment or {}
     return {
         "cgroup_version": env.version,

@@ -1,19 +1,13 @@
 """Code part of `aleph runs diff`: did either run execute what changed?
 
-Two records of what ran are compared (each launch's `code` entry and its executed-code
-record, aleph.record.fingerprint):
 - the same source hash: identical code;
-- both revisions clean and in a git checkout: every changed hunk is mapped to the
-  functions it touches in each revision and reported as executed by A / by B / by neither
-  (or as no code change at all: comments, docstrings, formatting). No hunk executed: the
-  code section says so and the difference is not a caveat (the seed's e21de50 -> ae93b6b
-  argument); otherwise each executed hunk is a caveat;
-- otherwise (no git, as in the image; uncommitted changes; a revision the checkout lacks):
-  the recorded function hashes alone. A function both runs executed with different source
-  is a caveat; a function only one run executed, in a file that differs, is a caveat too
-  (the other revision's version of it is unknown); nothing of either: not a caveat.
-A run without an executed-code record (written before they existed) gets the former
-report: the difference is a caveat and the hunks are listed.
+- both revisions clean and in a git checkout: each changed hunk is mapped to the functions
+  it touches and reported as executed by A / B / neither (or no code change); only
+  executed hunks are caveats (the seed's e21de50 -> ae93b6b argument);
+- otherwise (no git, uncommitted changes, a revision the checkout lacks): the recorded
+  function hashes alone; a function that ran with differing code, or ran on one side only
+  in a file that differs, is a caveat.
+A run without an executed-code record gets a caveat and the hunks listed.
 """
 
 from __future__ import annotations
@@ -101,7 +95,6 @@ def _by_hunks(add: Add, header: str, cd: CodeDiff, repo: Path, la: str, lb: str,
         for old_lines, new_lines in f.changes:
             hunks += 1
             if sa is None and sb is None:  # not Python (or binary): cannot be mapped
-                v = None
                 f.notes.append("not Python source: not mapped to functions")
                 continue
             v = classify_hunk(old_lines, new_lines, sa, sb, ran)
@@ -117,9 +110,7 @@ def _by_hunks(add: Add, header: str, cd: CodeDiff, repo: Path, la: str, lb: str,
         add("caveat", f"{header}: {span}; {len(executed)} hunk(s) in functions that ran")
         for f, h, v in executed:
             add("caveat", f"{f.path} {h}  [{v.describe()}]")
-    for f in cd.files:
-        counts = "binary" if f.added is None else f"+{f.added} -{f.removed}"
-        add("info", f"  {f.path} ({counts}; {len(f.hunks)} hunk(s))")
+    _list_files(add, cd)
 
 
 def _by_fingerprints(add: Add, header: str, la: str, lb: str, exec_a: dict, exec_b: dict) -> None:
@@ -172,7 +163,11 @@ def _without_fingerprints(add: Add, header: str, ra, rb, repo, la: str, lb: str,
         return None
     add("info", f"{_clean(ra)[:12]} -> {_clean(rb)[:12]}: {len(cd.files)} file(s) of the "
         f"executed package (aleph/), {cd.lines_changed} line(s) changed")
+    _list_files(add, cd)
+    return cd
+
+
+def _list_files(add: Add, cd: CodeDiff) -> None:
     for f in cd.files:
         counts = "binary" if f.added is None else f"+{f.added} -{f.removed}"
         add("info", f"  {f.path} ({counts}; {len(f.hunks)} hunk(s))")
-    return cd

@@ -1,14 +1,11 @@
 """How a run differs from the published E1 setup, and whether its figures compare with P.
 
-Judged from the run's own files: config.json against the e1 preset (every field, the
-model shape first), the target rows it trained on (manifest.json) against E1's
-31,905,616, and, with its eval.json, the task set, each task's source and pair count
-against the pinned test splits, and the tokenizer. A difference "moves the score" unless
-it only changes floating-point rounding (threads, device, autocast, determinism,
-compile) or is a label (preset): a run with any score-moving difference is "not
-comparable to P" (the published E1 rows), and `aleph report` never draws it on their
-scale. Fields that do not define a basis (paths, cadences, sync) are not differences;
-the data behind the paths is judged by its rows and, for tasks, by content.
+Judged from the run's own files: config.json against the e1 preset, the target rows it
+trained on (manifest.json), and with its eval.json the tasks (source, pair count) and the
+tokenizer. A difference "moves the score" unless it only changes rounding or is a label
+(preset); a run with any such difference is "not comparable to P" and `aleph report` never
+draws it on the published scale. Operational fields (paths, cadences, sync) are not
+differences: the data behind the paths is judged by its rows and content.
 """
 
 from __future__ import annotations
@@ -46,8 +43,7 @@ def _fmt(value) -> str:
 
 def config_differences(config: dict) -> tuple[list[str], list[str]]:
     """(score-moving, rounding-only) differences of `config` from the e1 preset: model shape
-    first, then each overridden field as 'field=value (e1: value)', then the fields the
-    config does not record at all (a hand-made or foreign config.json)."""
+    first, then 'field=value (e1: value)', then the fields it does not record at all."""
     ref = e1_preset()
     cfg = {k: v for k, v in config.items() if k != "format_version"}  # the file's, not a field
     moves, other = [], []
@@ -108,8 +104,7 @@ def task_differences(tasks: dict) -> list[str]:
     """How an eval.json's tasks differ from E1's 8 pinned test splits."""
     out = []
     missing = [n for n in E1_TASKS if n not in tasks]
-    extra = [n for n in tasks if n not in E1_TASKS]
-    if missing or extra:
+    if missing or any(n not in E1_TASKS for n in tasks):
         out.append(f"task set {', '.join(tasks) or 'none'} (E1: the 8 STS tasks"
                    + (f"; missing {', '.join(missing)}" if missing else "") + ")")
     out += [p for n in E1_TASKS if n in tasks and (p := task_problem(n, tasks[n])) is not None]
@@ -117,8 +112,7 @@ def task_differences(tasks: dict) -> list[str]:
 
 
 def tokenizer_difference(config: dict, ev: dict | None) -> str | None:
-    """The run's tokenizer when it is not E1's bert-base-uncased (or its files are not the
-    pinned bundle copy's), else None."""
+    """How the run's tokenizer is not E1's pinned bert-base-uncased, else None."""
     name = config.get("tokenizer") or ""
     if config.get("smoke_data") or name not in TOKENIZER_PINS:
         shown = "the smoke data's own" if config.get("smoke_data") else repr(name)

@@ -1,23 +1,14 @@
-"""`aleph runs diff A B`: is run B equivalent to run A? The seed's argument, made mechanical.
+"""`aleph runs diff A B`: is run B equivalent to run A?
 
-Seven sections are compared from the run directories' own files (manifest.json with its
-per-launch records, config.json, launches/*): environment, envelope, execution, code,
-config, target store, launches. An eighth, "vs E1", states for each run how it differs
-from the published E1 setup and the e1 preset (aleph.report.comparability, with its
-eval.json when it has one): information, never held against A and B's equivalence. A run is represented by the launches that trained steps
-it kept (aleph.record.launch); the first of them is compared with the other run's, and
-every later one with its own run's first, naming the launch and its step range where the
-code, environment, envelope or execution changed. A launch that trained nothing (a no-op
-relaunch of a complete run, a refused or interrupted one) never adds a caveat. Every
-finding has a level:
-- same / info: nothing that can change what the run computed;
-- caveat: a difference that is named in the verdict (the reader judges it; e.g. executed
-  code that changed, a resumed run, a change that makes results not bitwise comparable);
-- blocker: a difference that changes what was computed (torch/CUDA/cuDNN/Python, a
-  training hyper-parameter, different target contents).
-Verdict: "not equivalent" if any blocker, else "equivalent with caveats" if any caveat,
-else "equivalent". The arm and seed are the experiment's variables: they are reported,
-never held against equivalence (the seed compares a1, a2 and a3 runs).
+Sections compared from the run directories' own files: environment, envelope, execution,
+code, config, target store, launches, plus "vs E1" (aleph.report.comparability), which is
+information only. A run is represented by the first launch that trained steps it kept
+(aleph.record.launch); each later such launch is compared with its run's first, naming its
+step range. Levels: same/info (cannot change what was computed), caveat (named in the
+verdict for the reader to judge), blocker (changes what was computed: torch/CUDA/Python,
+a hyper-parameter, target contents). Verdict: "not equivalent" with any blocker, else
+"equivalent with caveats" with any caveat, else "equivalent". Arm and seed are the
+experiment's variables: reported, never held against equivalence.
 """
 
 from __future__ import annotations
@@ -32,7 +23,6 @@ from aleph.record.launch import (
     NUMERIC_CONFIG_FIELDS,
     NUMERIC_FACTS,
     LaunchRecord,
-    read_launches,
     reference_launch,
     training_launches,
 )
@@ -61,6 +51,10 @@ class RunDiff:
         assert level in LEVELS, level  # programming error, not user input
         self.findings.append(Finding(section, level, text))
 
+    def adder(self, section: str):
+        """add(level, text) into `section`."""
+        return lambda level, text: self.add(section, level, text)
+
     @property
     def caveats(self) -> list[str]:
         return [f.text for f in self.findings if f.level == "caveat"]
@@ -88,6 +82,11 @@ def _v(value) -> str:
     return "not present" if value is None else str(value)
 
 
+def _same_or(level: str, name: str, va, vb) -> tuple[str, str]:
+    """('same', 'name va') when equal, else (level, 'name va vs vb')."""
+    return ("same", f"{name} {_v(va)}") if va == vb else (level, f"{name} {_v(va)} vs {_v(vb)}")
+
+
 def _minor(version) -> str:
     return ".".join(str(version).split(".")[:2])
 
@@ -109,12 +108,9 @@ def compare_environment(d: RunDiff, ea: dict, eb: dict) -> None:
         d.add(s, "blocker", f"Python {pa} vs {pb}")
     else:
         d.add(s, "caveat", f"Python patch level differs: {pa} vs {pb}")
-    for key in ENV_BLOCKING:
-        va, vb = ea.get(key), eb.get(key)
-        d.add(s, "same" if va == vb else "blocker", f"{key} {_v(va)}" if va == vb else f"{key} {_v(va)} vs {_v(vb)}")
-    for key in ENV_CAVEAT:
-        va, vb = ea.get(key), eb.get(key)
-        d.add(s, "same" if va == vb else "caveat", f"{key} {_v(va)}" if va == vb else f"{key} {_v(va)} vs {_v(vb)}")
+    for key in (*ENV_BLOCKING, *ENV_CAVEAT):
+        level = "blocker" if key in ENV_BLOCKING else "caveat"
+        d.add(s, *_same_or(level, key, ea.get(key), eb.get(key)))
     _compare_gpus(d, ea.get("gpus") or [], eb.get("gpus") or [])
     _compare_packages(d, ea, eb)
 
@@ -162,10 +158,14 @@ def _gpu_memory(env: dict) -> list:
     return sorted((g.get("name"), g.get("memory_mib")) for g in env.get("gpus") or [])
 
 
+def _unrecorded(xa, xb, la: str, lb: str) -> str:
+    """Who of the two launches did not record it ('' when both did)."""
+    return " and ".join(w for w, x in ((la, xa), (lb, xb)) if x is None)
+
+
 def compare_envelope(add, ea: dict | None, eb: dict | None, la: str = "A", lb: str = "B") -> None:
     """The resource envelopes two launches ran in (aleph.record.provenance.envelope)."""
-    if ea is None or eb is None:
-        who = " and ".join(w for w, e in ((la, ea), (lb, eb)) if e is None)
+    if who := _unrecorded(ea, eb, la, lb):
         add("info", f"envelope not recorded by {who} (a launch from before per-launch records)")
         return
     for key, name in ENVELOPE_CAVEAT.items():
@@ -178,8 +178,7 @@ def compare_envelope(add, ea: dict | None, eb: dict | None, la: str = "A", lb: s
     if _gpu_memory(ea) != _gpu_memory(eb):
         add("caveat", f"GPU memory {_gpu_memory(ea)} vs {_gpu_memory(eb)}")
     for key, name in ENVELOPE_INFO.items():
-        va, vb = ea.get(key), eb.get(key)
-        add("same" if va == vb else "info", f"{name} {_v(va)}" if va == vb else f"{name} {_v(va)} vs {_v(vb)}")
+        add(*_same_or("info", name, ea.get(key), eb.get(key)))
 
 
 def _fmt(value) -> str:
@@ -193,17 +192,13 @@ def _fmt(value) -> str:
 def compare_execution(add, xa: dict | None, xb: dict | None, la: str = "A", lb: str = "B") -> None:
     """What each launch executed with that changes the floating-point result
     (aleph.record.launch.NUMERIC_FACTS): any difference is a caveat, with the reason."""
-    if xa is None or xb is None:
-        who = " and ".join(w for w, x in ((la, xa), (lb, xb)) if x is None)
+    if who := _unrecorded(xa, xb, la, lb):
         add("info", f"execution facts not recorded by {who} (a launch from before per-launch "
             "records): see the config section")
         return
     for key, why in NUMERIC_FACTS.items():
-        va, vb = xa.get(key), xb.get(key)
-        if va == vb:
-            add("same", f"{key} {_v(va)}")
-        else:
-            add("caveat", f"{key} {_v(va)} vs {_v(vb)}: not bitwise comparable: {why}")
+        level, text = _same_or("caveat", key, xa.get(key), xb.get(key))
+        add(level, text if level == "same" else f"{text}: not bitwise comparable: {why}")
 
 
 # --- code ---------------------------------------------------------------------------------
@@ -215,8 +210,8 @@ def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None, la: str = "A
     (aleph.report.code_compare)."""
     exec_a, why_a = read_executed(run_a, ca) if run_a is not None else (None, "")
     exec_b, why_b = read_executed(run_b, cb) if run_b is not None else (None, "")
-    cd = code_compare.compare_code(lambda level, text: d.add(section, level, text), ca, cb,
-                                   repo, la, lb, exec_a, exec_b, why_a, why_b)
+    cd = code_compare.compare_code(d.adder(section), ca, cb, repo, la, lb, exec_a, exec_b,
+                                   why_a, why_b)
     if cd is not None and d.code_diff is None:
         d.code_diff = cd
 
@@ -233,46 +228,37 @@ HOLDING = ("store_implementation",)  # how targets are held: judged in the targe
 # another host), while the contents are judged by content keys in the targets section
 # (target store content hash; token store key = captions content, tokenizer, max_len).
 SOURCES = ("captions", "captions_column", "targets", "tokenizer")
+_CONFIG_INFO = ((INTENDED, "experiment variable"), (LABELS, "a label only"),
+                (HOLDING, "see target store"),
+                (SOURCES, "a data location: contents judged in the targets section"),
+                (_RESUMABLE, "does not change what is computed"))
 
 
 def _flatten(obj, prefix="") -> dict:
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: obj}
+    if not isinstance(obj, dict):
+        return {prefix[:-1]: obj}
+    return {k: v for key, val in obj.items() for k, v in _flatten(val, f"{prefix}{key}.").items()}
 
 
 def compare_config(d: RunDiff, ca: dict, cb: dict, executed: bool = False) -> None:
-    """Every differing field is a blocker unless it is classed above (both configs are of
-    this code's format_version, so every field is recorded in both). A field that changes
-    the floating-point result (threads, device, bf16, deterministic, compile) is a caveat
-    "not bitwise comparable", judged from what the launches executed when both runs
-    recorded it (`executed`: the execution section), else from the configs."""
+    """Every differing field is a blocker unless classed above. A field that changes the
+    floating-point result is a caveat "not bitwise comparable", or info when both runs
+    recorded what they executed (`executed`: judged in the execution section)."""
     s = "config"
     fa, fb = _flatten(ca), _flatten(cb)
     differing = sorted(k for k in set(fa) | set(fb) if fa.get(k, ...) != fb.get(k, ...))
     for key in differing:
         va, vb = fa.get(key, "absent"), fb.get(key, "absent")
         text = f"{key}: {va!r} vs {vb!r}"
-        if key in NUMERIC_CONFIG_FIELDS:
-            fact = NUMERIC_CONFIG_FIELDS[key]
-            if executed:
-                d.add(s, "info", f"{text} (judged from what each launch executed: {fact} in "
-                      "the execution section)")
-            else:
-                d.add(s, "caveat", f"{text}: not bitwise comparable: {NUMERIC_FACTS[fact]}")
-        elif key in INTENDED:
-            d.add(s, "info", f"{text} (experiment variable)")
-        elif key in LABELS:
-            d.add(s, "info", f"{text} (a label only)")
-        elif key in HOLDING:
-            d.add(s, "info", f"{text} (see target store)")
-        elif key in SOURCES:
-            d.add(s, "info", f"{text} (a data location: contents judged in the targets section)")
-        elif key in _RESUMABLE:
-            d.add(s, "info", f"{text} (does not change what is computed)")
+        fact = NUMERIC_CONFIG_FIELDS.get(key)
+        why = next((why for names, why in _CONFIG_INFO if key in names), None)
+        if fact is not None and executed:
+            d.add(s, "info", f"{text} (judged from what each launch executed: {fact} in "
+                  "the execution section)")
+        elif fact is not None:
+            d.add(s, "caveat", f"{text}: not bitwise comparable: {NUMERIC_FACTS[fact]}")
+        elif why is not None:
+            d.add(s, "info", f"{text} ({why})")
         else:
             d.add(s, "blocker", text)
     if not [k for k in differing if k not in INTENDED]:
@@ -281,7 +267,9 @@ def compare_config(d: RunDiff, ca: dict, cb: dict, executed: bool = False) -> No
 
 # --- top level ----------------------------------------------------------------------------
 
-def _label(who: str, r: LaunchRecord | None, several: bool) -> str:
+def _label(who: str, r: LaunchRecord | None, manifest: dict) -> str:
+    """'A' or, when the run's kept launches ran several sources, 'A launch 1 (...)'."""
+    several = len({x.code.get("source_sha256") for x in training_launches(manifest)}) > 1
     return f"{who} {r.label()}" if several and r is not None else who
 
 
@@ -297,11 +285,8 @@ def _lift(d: RunDiff, section: str, prefix: str, compare) -> None:
 def _within_run(d: RunDiff, who: str, run: Path, manifest: dict, repo: Path | None) -> None:
     """Each later launch that trained steps, against the run's first: code, environment,
     envelope, execution changes name the launch and its step range."""
-    trained = training_launches(manifest)
-    if len(trained) < 2:
-        return
-    ref = trained[0]
-    for r in trained[1:]:
+    ref, *later = training_launches(manifest) or [None]
+    for r in later:
         la, lb = f"{who} {ref.label()}", f"{who} {r.label()}"
         if r.code.get("source_sha256") != ref.code.get("source_sha256"):
             compare_code(d, ref.code, r.code, repo, la, lb, run, run)
@@ -310,42 +295,36 @@ def _within_run(d: RunDiff, who: str, run: Path, manifest: dict, repo: Path | No
                   lambda x, e1=ref.environment, e2=r.environment: compare_environment(x, e1, e2))
         if ref.envelope and r.envelope:
             _lift(d, "envelope", f"{lb} vs {la}: ", lambda x, e1=ref.envelope, e2=r.envelope:
-                  compare_envelope(lambda lv, t: x.add("envelope", lv, t), e1, e2))
+                  compare_envelope(x.adder("envelope"), e1, e2))
         if ref.execution and r.execution:
             _lift(d, "execution", f"{lb} vs {la}: ", lambda x, e1=ref.execution, e2=r.execution:
-                  compare_execution(lambda lv, t: x.add("execution", lv, t), e1, e2))
+                  compare_execution(x.adder("execution"), e1, e2))
 
 
 def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) -> RunDiff:
     run_a, run_b = rundir.require_run_dir(run_a), rundir.require_run_dir(run_b)
-    ma = rundir.read_run_json(run_a, rundir.MANIFEST)
-    mb = rundir.read_run_json(run_b, rundir.MANIFEST)
-    ca = rundir.read_run_json(run_a, rundir.CONFIG)
-    cb = rundir.read_run_json(run_b, rundir.CONFIG)
+    ma, mb = (rundir.read_run_json(r, rundir.MANIFEST) for r in (run_a, run_b))
+    ca, cb = (rundir.read_run_json(r, rundir.CONFIG) for r in (run_a, run_b))
     d = RunDiff(rundir.run_label(run_a, ma), rundir.run_label(run_b, mb))
     src_a, src_b = str(run_a / rundir.MANIFEST), str(run_b / rundir.MANIFEST)
     # Each run through the first launch whose steps it kept (the record of that launch;
     # for a manifest from before per-launch records, its top-level record).
     ref_a, ref_b = reference_launch(ma), reference_launch(mb)
-    several_a = len({r.code.get("source_sha256") for r in training_launches(ma)}) > 1
-    several_b = len({r.code.get("source_sha256") for r in training_launches(mb)}) > 1
-    la, lb = _label("A", ref_a, several_a), _label("B", ref_b, several_b)
+    la, lb = _label("A", ref_a, ma), _label("B", ref_b, mb)
     compare_environment(d, _environment(ref_a, src_a), _environment(ref_b, src_b))
-    compare_envelope(lambda level, text: d.add("envelope", level, text),
-                     ref_a.envelope if ref_a else None, ref_b.envelope if ref_b else None)
+    compare_envelope(d.adder("envelope"), ref_a.envelope if ref_a else None,
+                     ref_b.envelope if ref_b else None)
     xa, xb = (ref_a.execution if ref_a else None), (ref_b.execution if ref_b else None)
-    compare_execution(lambda level, text: d.add("execution", level, text), xa, xb)
-    code_a = ref_a.code if ref_a else {}
-    code_b = ref_b.code if ref_b else {}
-    compare_code(d, code_a, code_b, repo, la, lb, run_a, run_b)
+    compare_execution(d.adder("execution"), xa, xb)
+    compare_code(d, ref_a.code if ref_a else {}, ref_b.code if ref_b else {}, repo, la, lb,
+                 run_a, run_b)
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         _within_run(d, who, run, m, repo)
     compare_config(d, ca, cb, executed=xa is not None and xb is not None)
     ta, tb = rundir.manifest_targets(ma, src_a), rundir.manifest_targets(mb, src_b)
-    for level, text in store_diff.compare_targets(ta, tb):
-        d.add("targets", level, text)
     sources_differ = any(_flatten(ca).get(k) != _flatten(cb).get(k) for k in SOURCES)
-    for level, text in store_diff.compare_tokens(ta, tb, sources_differ):
+    for level, text in [*store_diff.compare_targets(ta, tb),
+                        *store_diff.compare_tokens(ta, tb, sources_differ)]:
         d.add("targets", level, text)
     for who, run, m in (("A", run_a, ma), ("B", run_b, mb)):
         for level, text in launches.check_launches(run, m):
@@ -357,5 +336,3 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
         d.add("vs E1", "info", f"{who}: {judged['text']}{tasks}")
     return d
 
-
-__all__ = ["RunDiff", "Finding", "diff_runs", "read_launches"]

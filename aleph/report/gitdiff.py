@@ -1,8 +1,7 @@
 """Changed files and hunks between two code revisions, when both are in a git checkout.
 
-When they cannot be listed, `diff_revisions` raises HunksUnavailable with one line that says
-why: no git in this environment (the image has none), no checkout, or a revision that the
-checkout does not hold. `aleph runs diff` prints that line where the hunks would be.
+Otherwise `diff_revisions` raises HunksUnavailable with one line saying why (no git, no
+checkout, a missing revision), which `aleph runs diff` prints where the hunks would be.
 """
 
 from __future__ import annotations

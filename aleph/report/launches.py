@@ -1,15 +1,10 @@
 """Launch history of a run: count, gaps, overlaps, failed or lost launches, log headers.
 
-Each launch appends to its own log (`launches/<launch id>.log`), every line tagged with
-the launch id, and starts with a header (launch id, allocator cap, VRAM probe, config
-echo, resume line). A log whose first line is not that launch's header has lost its
-preamble, or was written by someone else (the seed's a1-s1 log began with 7,195 bytes of
-a duplicate launch): the run's own setup then has no witness, which is a caveat.
-
-Only launches that trained steps the run kept can raise a caveat or a blocker
-(aleph.record.launch: actions and step ranges): a relaunch that found the run complete,
-a refused launch or one stopped before its first step is reported as information, and
-counted in a neutral line of its own, never in the resume caveat.
+Each launch's log (`launches/<launch id>.log`) starts with its header; a log that does not
+has lost its preamble or was written by someone else (the seed's a1-s1 log began with a
+duplicate launch's bytes): the run's setup then has no witness, a caveat. Only launches
+that trained steps the run kept can raise a caveat or a blocker; the others are counted
+as information, never in the resume caveat.
 """
 
 from __future__ import annotations
@@ -74,8 +69,7 @@ def header_problem(log: Path, launch_id: str) -> str | None:
     if not log.is_file():
         return f"log {log.name} is missing"
     with open(log, encoding="utf-8", errors="replace") as f:
-        head = [f.readline() for _ in range(HEADER_LINES)]
-    head = [line for line in head if line]
+        head = [line for _ in range(HEADER_LINES) if (line := f.readline())]
     if not head:
         return f"log {log.name} is empty"
     if not head[0].startswith(f"[{launch_id}] "):
@@ -91,14 +85,8 @@ def header_problem(log: Path, launch_id: str) -> str | None:
 
 def _status_findings(r: LaunchRecord, last_trained: bool, finished_later: bool,
                      status, code) -> list[tuple[str, str]]:
-    """How a launch that trained ended, judged by the trainer's statuses (aleph.record.launch).
-
-    complete/exit 0: nothing to say. stopped/exit 76 (EXIT_STOPPED) before a later launch: an ordinary
-    resume (the launch count names it). failed, lost, running, or a non-zero exit status:
-    a caveat, a blocker when it is the last launch that trained and no later one found the
-    run complete; so is such a last launch that stopped: the run did not finish. A status
-    the trainer never writes is a caveat naming it.
-    """
+    """How a launch that trained ended: nothing for complete/0 or an ordinary stop before
+    a later launch; else a caveat, or a blocker when the run did not finish after it."""
     last = last_trained and not finished_later
     name = r.label()
     if status not in STATUSES:
@@ -109,8 +97,7 @@ def _status_findings(r: LaunchRecord, last_trained: bool, finished_later: bool,
         return []
     ended = (f"{name} ended {status} with exit status {code}" if code is not None
              else f"{name} ended {status} (no exit status recorded)")
-    lost = describe_lost(r.entry)
-    if lost:
+    if lost := describe_lost(r.entry):
         ended += f": {lost}"
     return [("blocker", ended + ": the run did not finish")] if last else [("caveat", ended)]
 
@@ -132,9 +119,7 @@ IDLE_WORDS = {NOOP: "found the run already complete", REFUSED: "refused before t
 
 
 def _count_text(records: list[LaunchRecord]) -> str:
-    """'3 launch(es); 1 trained nothing the run kept (1 refused before training)': a
-    neutral count. Launches that trained nothing changed nothing, so they are counted
-    here and never in the resume caveat."""
+    """'3 launch(es); 1 trained nothing the run kept (1 refused before training)'."""
     idle = Counter(IDLE_WORDS[r.action] for r in records if not r.trained)
     text = f"{len(records)} launch(es)"
     if idle:
@@ -176,11 +161,9 @@ def check_launches(run_dir: Path, manifest: dict) -> list[tuple[str, str]]:
         else:
             out.append(_idle_finding(r))
         level = "caveat" if r.trained else "info"
-        if e.get("log"):
-            problem = header_problem(Path(run_dir) / e["log"], r.launch_id)
-            if problem:
-                out.append((level, f"launch {i} ({r.launch_id}): {problem}"))
-        else:
+        if not e.get("log"):
             out.append((level, f"launch {i} ({r.launch_id}) records no log"))
+        elif problem := header_problem(Path(run_dir) / e["log"], r.launch_id):
+            out.append((level, f"launch {i} ({r.launch_id}): {problem}"))
         prev_end, prev = end or prev_end, r
     return out

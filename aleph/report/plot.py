@@ -1,16 +1,11 @@
 """The E1 picture: `aleph report` writes it as report.png beside the tables.
 
-Six panels, 1500 x 800 px: training loss per run over samples seen (from each run's
-TensorBoard `train/loss`, x = step x the global batch of its config.json), capability
-per arm and seed (dispatch on; open markers: dispatch off; published E1 runs as black
-crosses when asked for or when the runs are e1-preset runs), and four bank health gauges
-of the a1/a3 runs over samples, each averaged over the layers (`health/layerNN/<gauge>`):
-gate mean, anchor drift, usage perplexity and the share of negative address weights.
+Six panels, 1500 x 800 px: training loss per run over samples seen (tb `train/loss`),
+capability per arm and seed (open markers: dispatch off; published E1 runs as black
+crosses), and four bank health gauges averaged over layers (`health/layerNN/<gauge>`).
 Runs not comparable to P (`aleph.report.comparability`) are never drawn on the published
-scale: the capability panel splits in two, runs comparable to P with the published crosses
-on the left, the others as diamonds on their own axis on the right, titled "not comparable
-to P"; their curves and the picture's title carry the same words, and so does the PNG's
-Description text (one line per run: its `vs P` cell).
+scale: the capability panel splits, those runs go on their own axis as diamonds, and
+their curves, the title and the PNG's Description text say "not comparable to P".
 Rendered with matplotlib's Agg backend (no display needed), written atomically.
 """
 
@@ -48,8 +43,7 @@ def read_scalars(run_dir: Path, prefixes: tuple[str, ...] = ("train/", "health/"
     out = {}
     for tag in acc.Tags().get("scalars", []):
         if tag.startswith(prefixes):
-            by_step = {e.step: e.value for e in acc.Scalars(tag)}
-            out[tag] = sorted(by_step.items())
+            out[tag] = sorted({e.step: e.value for e in acc.Scalars(tag)}.items())
     return out
 
 
@@ -123,8 +117,7 @@ def _title(runs: list[dict]) -> str:
 
 
 def _style(runs: list[dict], row: dict) -> dict:
-    same_arm = [r for r in runs if r["arm"] == row["arm"]]
-    i = same_arm.index(row)
+    i = [r for r in runs if r["arm"] == row["arm"]].index(row)
     return {"color": ARM_COLOURS.get(row["arm"], "grey"), "linestyle": LINESTYLES[i % len(LINESTYLES)]}
 
 
@@ -132,22 +125,28 @@ def _xs(points, per_step, x_is_samples):
     return [s * per_step if x_is_samples else s for s, _ in points]
 
 
-def _loss_panel(ax, runs, scalars, per_step, x_is_samples, xlabel) -> None:
-    drawn = 0
-    for row, sc, ps in zip(runs, scalars, per_step, strict=True):
-        pts = sc.get("train/loss")
+def _curves(ax, runs, curves, per_step, x_is_samples, xlabel, title, empty, **title_kw) -> bool:
+    """One line per run that has points (`curves[i]`: [(step, value)]); False when none has."""
+    drawn = False
+    for row, pts, ps in zip(runs, curves, per_step, strict=True):
         if pts:
-            ax.plot(_xs(pts, ps, x_is_samples), [v for _, v in pts], label=_label(row), **_style(runs, row))
-            drawn += 1
-    ax.set_title("training loss (distillation: NCE + MSE)")
+            ax.plot(_xs(pts, ps, x_is_samples), [v for _, v in pts], label=_label(row),
+                    **_style(runs, row))
+            drawn = True
+    ax.set_title(title, **title_kw)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("loss (log scale)")
-    if drawn:
+    ax.grid(alpha=0.3)
+    if not drawn:
+        _empty(ax, empty)
+    return drawn
+
+
+def _loss_panel(ax, runs, scalars, per_step, x_is_samples, xlabel) -> None:
+    if _curves(ax, runs, [sc.get("train/loss") for sc in scalars], per_step, x_is_samples, xlabel,
+               "training loss (distillation: NCE + MSE)", "no train/loss scalars in the runs' tb/"):
         ax.set_yscale("log")
         ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no train/loss scalars in the runs' tb/")
-    ax.grid(alpha=0.3)
+    ax.set_ylabel("loss (log scale)")
 
 
 def _capability_panel(ax, report, runs) -> None:
@@ -173,9 +172,7 @@ def _capability_panel(ax, report, runs) -> None:
 def _capability_axes(ax, runs, pub, title: str, apart: bool = False) -> None:
     arms = [a for a in ARM_ORDER if any(r["arm"] == a for r in runs)]
     arms += sorted({r["arm"] for r in runs} - set(arms))
-    for a in (r["arm"] for r in pub):
-        if a not in arms:
-            arms.append(a)
+    arms = list(dict.fromkeys(arms + [r["arm"] for r in pub]))
     labelled = False
     marker = "D" if apart else "o"  # diamonds: never mistaken for runs on the published scale
     for i, arm in enumerate(arms):
@@ -208,26 +205,20 @@ def _capability_axes(ax, runs, pub, title: str, apart: bool = False) -> None:
 
 
 def _health_panel(ax, gauge, title, runs, scalars, per_step, x_is_samples, xlabel) -> None:
-    drawn = 0
-    for row, sc, ps in zip(runs, scalars, per_step, strict=True):
-        layers = [pts for tag, pts in sc.items()
-                  if tag.startswith("health/layer") and tag.rsplit("/", 1)[-1] == gauge]
-        if not layers:
-            continue
-        by_step: dict[int, list[float]] = defaultdict(list)
-        for pts in layers:
+    if _curves(ax, runs, [_layer_mean(sc, gauge) for sc in scalars], per_step, x_is_samples,
+               xlabel, f"bank health (mean over layers)\n{title}",
+               "no bank arm (a1/a3) with health scalars", fontsize=10):
+        ax.legend(fontsize=8)
+
+
+def _layer_mean(scalars: dict, gauge: str) -> list:
+    """[(step, mean over layers)] of a run's `health/layerNN/<gauge>`; [] when it has none."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for tag, pts in scalars.items():
+        if tag.startswith("health/layer") and tag.rsplit("/", 1)[-1] == gauge:
             for s, v in pts:
                 by_step[s].append(v)
-        pts = sorted((s, sum(v) / len(v)) for s, v in by_step.items())
-        ax.plot(_xs(pts, ps, x_is_samples), [v for _, v in pts], label=_label(row), **_style(runs, row))
-        drawn += 1
-    ax.set_title(f"bank health (mean over layers)\n{title}", fontsize=10)
-    ax.set_xlabel(xlabel)
-    if drawn:
-        ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no bank arm (a1/a3) with health scalars")
-    ax.grid(alpha=0.3)
+    return sorted((s, sum(v) / len(v)) for s, v in by_step.items())
 
 
 def _empty(ax, text: str) -> None:

@@ -36,11 +36,8 @@ def _store_manifest(t: dict) -> dict | None:
 
 
 def content_key(t: dict) -> str | None:
-    """Path-independent identity of a store's contents (`aleph.targets.store.content_sha256`).
-
-    Recorded in the run manifest by the trainer; for older records it is recomputed from
-    the store's own manifest when the run names a readable store directory.
-    """
+    """Path-independent identity of a store's contents (`aleph.targets.store.content_sha256`):
+    as recorded, else recomputed from the store's own manifest when it is readable here."""
     if isinstance(t.get("content_sha256"), str):
         return t["content_sha256"]
     store = _store_manifest(t)
@@ -90,14 +87,10 @@ def compare_targets(ta: dict, tb: dict) -> list[tuple[str, str]]:
 
 
 def compare_tokens(ta: dict, tb: dict, sources_differ: bool) -> list[tuple[str, str]]:
-    """(level, text) findings on what the runs tokenised: the token stores' cache keys.
-
-    A token store directory is named by the key of (captions content sha256, tokenizer
-    definition, max_len) (`aleph.data.tokens.token_store_dir`), so equal names mean the
-    same token ids whatever paths the captions were read from. `sources_differ`: the
-    configs name different caption/tokenizer/target locations; if the keys cannot be
-    compared, that is a caveat (contents unknown), otherwise nothing is said.
-    """
+    """(level, text) findings on what the runs tokenised: a token store is named by the key
+    of (captions content, tokenizer, max_len), so equal names mean the same token ids. Keys
+    that cannot be compared are a caveat only when `sources_differ` (the configs' data
+    locations differ)."""
     ka, kb = (Path(str(t["token_store"])).name if t.get("token_store") else None for t in (ta, tb))
     if ka is not None and kb is not None:
         if ka == kb:

@@ -1,15 +1,10 @@
 """The E1 results table for a set of runs, read only from each run's eval.json.
 
-Two tables: the summary (run, mean, dispatch OFF, toggle, R@1, cos->target, erank/768,
-basis) and the per-task Spearman. Every row has a basis (A, B, ...): runs share one when
-they were trained with the same config (arm and seed aside), evaluated on the same task
-set (names and data) and on the same weights (final, or step N); the legend under the
-table says what each basis is and how it differs from A. Runs of one arm and one basis
-with at least two seeds get a mean row and a spread row (sample standard deviation);
-runs on different bases are never averaged. Published reference rows, when asked for,
-are appended with basis P; they never enter the mean/spread of replicated runs. Every run
-row is judged against the published E1 setup (`aleph.report.comparability`): the `vs P`
-cell says whether it compares with P and what differs, its basis's legend line the details.
+Every row has a basis (A, B, ...): runs share one when trained with the same config (arm
+and seed aside), evaluated on the same task set and the same weights; the legend says how
+each basis differs from A. Runs of one arm and basis with at least two seeds get mean and
+spread rows; different bases are never averaged, and published rows (basis P) never enter
+them. Each run's `vs P` cell is its judgement against E1 (`aleph.report.comparability`).
 """
 
 from __future__ import annotations
@@ -59,13 +54,12 @@ def _not_evaluated(run_dir: Path) -> str:
 
 
 def row_from_eval(run_dir: Path) -> dict:
-    """One table row from `run_dir/eval.json` (an error names the file if it is missing,
-    and for a trained run says to run `aleph eval`)."""
+    """One table row from `run_dir/eval.json` (missing: an error saying how to make it)."""
     run_dir = Path(run_dir)
     if not (run_dir / rundir.EVAL).is_file() and (run_dir / rundir.CONFIG).is_file():
         raise DataError(_not_evaluated(run_dir))
     ev = rundir.read_run_json(run_dir, rundir.EVAL)
-    src = str(Path(run_dir) / rundir.EVAL)
+    src = str(run_dir / rundir.EVAL)
     probes = rundir.field(ev, "probes", src, default=None) or {}
     tasks = rundir.field(ev, "tasks", src, kind=dict)
     config = _config(run_dir)
@@ -206,10 +200,9 @@ def _summarise(arm: str, basis: str, group: list[dict], name_basis: bool) -> lis
         for key in PROBE_KEYS:
             mean[key] = sd[key] = None
             mean[f"{key}_text"] = sd[f"{key}_text"] = why if key == "r_at_1" else MISSING_TEXT
-    mean["dim"] = sd["dim"] = group[0].get("dim")
     worst = next((r for r in group if not r["comparable"]), group[0])
-    mean["comparable"] = sd["comparable"] = worst["comparable"]
-    mean["vs_e1"] = sd["vs_e1"] = worst["vs_e1"]
+    for row in (mean, sd):
+        row.update(dim=group[0].get("dim"), comparable=worst["comparable"], vs_e1=worst["vs_e1"])
     names = set.intersection(*(set(r["tasks"]) for r in group))
     mean["tasks"] = {n: statistics.fmean(r["tasks"][n] for r in group) for n in names}
     sd["tasks"] = {n: statistics.stdev(r["tasks"][n] for r in group) for n in names}
@@ -226,8 +219,7 @@ def build(run_dirs: list[Path], with_published: bool = False) -> dict:
     _disambiguate(rows, [Path(d) for d in run_dirs])
     bases = assign_bases(rows)
     notes = []
-    probe_fps = {r["probe_fingerprint"] for r in rows if r.get("r_at_1") is not None}
-    if len(probe_fps) > 1:
+    if len({r["probe_fingerprint"] for r in rows if r.get("r_at_1") is not None}) > 1:
         notes.append("probe rows differ between runs (probes.fingerprint): R@1, cos->target and "
                      "erank of those runs are not comparable")
     summaries, arm_notes = arm_summaries(rows)
@@ -247,8 +239,7 @@ def _disambiguate(rows: list[dict], dirs: list[Path]) -> None:
     """Runs sharing a run id (one arm and seed under two work roots) get their paths as labels."""
     labels = [r["run"] for r in rows]
     for label in set(labels):
-        idx = [i for i, x in enumerate(labels) if x == label]
-        if len(idx) < 2:
+        if len(idx := [i for i, x in enumerate(labels) if x == label]) < 2:
             continue
         paths = [dirs[i].resolve() for i in idx]
         common = Path(os.path.commonpath(paths))
@@ -258,11 +249,7 @@ def _disambiguate(rows: list[dict], dirs: list[Path]) -> None:
 
 def task_names(rows: list[dict]) -> list[str]:
     """E1 order first, then any other task (smoke, local files) in first-seen order."""
-    seen: list[str] = []
-    for r in rows:
-        for n in r.get("tasks", {}):
-            if n not in seen:
-                seen.append(n)
+    seen = list(dict.fromkeys(n for r in rows for n in r.get("tasks", {})))
     return [n for n in E1_TASKS if n in seen] + [n for n in seen if n not in E1_TASKS]
 
 

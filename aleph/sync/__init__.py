@@ -1,11 +1,9 @@
 """Off-box persistence: a run directory synced to a hub repo or a directory, and back.
 
-A cloud VM that is preempted or deleted takes its volume, and the run, with it. While
-training, rank 0 hands a sync request to a background worker (`worker.Syncer`) after a
-complete resume state is saved and the cadence is due, and once more at the end or at a
-stop; `aleph runs push` / `aleph runs pull` do the same by hand. What is synced, and how a
-destination stays readable when a push is killed half way, is said in `select` and in
-each destination (`local`: a directory, content-addressed; `hub`: one commit per push).
+A preempted or deleted cloud VM takes its volume, and the run, with it. While training,
+rank 0 hands sync requests to a background worker (`worker.Syncer`) after resume states
+and at the end; `aleph runs push` / `pull` do the same by hand. What is synced: `select`;
+how a killed push leaves the destination readable: `local` and `hub`.
 
 This package sits below `train` (train and cli import it; it never imports train, eval,
 report, campaign or cli).
@@ -22,8 +20,7 @@ from aleph.sync.worker import Syncer
 def parse_destination(spec: str) -> Destination:
     """The Destination a string names; SyncError naming the string if it names none.
     (Here, not in dest: the hub and directory destinations build on dest's base class.)"""
-    problem = check_spec(spec)
-    if problem:
+    if problem := check_spec(spec):
         raise SyncError(f"sync destination {spec!r}: expected {problem}")
     if spec.startswith(HUB_PREFIX):
         from aleph.sync.hub import HubDestination

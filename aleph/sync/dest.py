@@ -1,10 +1,8 @@
 """Destinations: what a push writes to and a pull reads from, named by one string.
 
 `hf:<namespace>/<repo>` is a Hugging Face hub model repo (created private on first push;
-the token comes from the environment, HF_TOKEN, never from a file of this project), any
-other value an existing directory given as an absolute path (a mounted bucket, an NFS
-share, a second disk). Each run is kept under its path relative to the work root
-(`runs/<run>`), so several runs can share one destination.
+token from HF_TOKEN, never from a file), any other value an existing directory given as an
+absolute path. Each run is kept under `runs/<run>`, so runs can share a destination.
 """
 
 from __future__ import annotations
@@ -75,8 +73,7 @@ def check_spec(spec: str) -> str | None:
     if spec.startswith(HUB_PREFIX):
         if not _REPO_ID.fullmatch(spec[len(HUB_PREFIX):]):
             return f"{HUB_PREFIX}<namespace>/<repo> (a hub repo id such as hf:me/aleph-runs)"
-        return None
-    if not os.path.isabs(spec):
+    elif not os.path.isabs(spec):
         return ("an absolute directory path (a mounted bucket, NFS share or second disk) or "
                 f"{HUB_PREFIX}<namespace>/<repo>")
     return None

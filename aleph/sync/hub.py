@@ -1,18 +1,13 @@
 """A Hugging Face hub destination: a model repo, one commit per push.
 
-A run's files are mirrored at `runs/<run>/<path>` in the repo beside its index
-`runs/<run>/.aleph-sync.json`; a push is a single commit holding the changed files, the
-deletions and the new index, so the repo moves from one complete snapshot to the next or
-not at all (a push killed before its commit leaves nothing). A pull reads the branch head
-once and fetches every file at that commit, so a push landing meanwhile cannot mix two
-snapshots. The token is huggingface_hub's own (HF_TOKEN in the environment); the endpoint
-is HF_ENDPOINT's (default the public hub).
+A run's files are mirrored at `runs/<run>/<path>` beside its index `.aleph-sync.json`; a
+push is one commit (changed files, deletions, new index), so the repo moves between
+complete snapshots or not at all, and a pull fetches every file at the head commit it read
+once. Token and endpoint are huggingface_hub's (HF_TOKEN, HF_ENDPOINT).
 
-Others may write the repo: a listed name that is not a plain relative path is refused, and
-the sizes the listing reports are checked before a download, so no index larger than
-INDEX_MAX and no file of another size than its index records is fetched; the listing's
-commit and each file's ETag and commit must be hex digests (`aleph._hub`) before
-huggingface_hub makes a path of them.
+Others may write the repo: a listed name that is not a plain relative path is refused,
+listed sizes are checked before a download (no index over INDEX_MAX, no file of another
+size than its index records), and commits and ETags must be hex digests (`aleph._hub`).
 """
 
 from __future__ import annotations
@@ -38,9 +33,7 @@ class HubDestination(Destination):
     def __init__(self, repo_id: str, endpoint: str | None = None) -> None:
         from huggingface_hub import HfApi
 
-        self.repo_id = repo_id
-        self.spec = f"hf:{repo_id}"
-        self.endpoint = endpoint
+        self.repo_id, self.spec, self.endpoint = repo_id, f"hf:{repo_id}", endpoint
         self.api = HfApi(endpoint=endpoint)
         self._created = False
         self._sizes: dict[str, dict[str, int | None]] = {}  # commit -> {file: size listed}
@@ -62,9 +55,8 @@ class HubDestination(Destination):
                                   f"{type(e).__name__}: {first}{hint}")) from None
 
     def _head(self, revision: str = BRANCH):
-        """(commit sha, file names) at `revision` (default the branch head), their listed
-        sizes kept; None when the repo does not exist. A name that is not a plain relative
-        path is refused: huggingface_hub would raise on it, and no file is fetched by it."""
+        """(commit sha, file names) at `revision`, their listed sizes kept; None when the repo
+        does not exist. A name that is not a plain relative path is refused."""
         from huggingface_hub.errors import RepositoryNotFoundError
 
         with self._calling("reading the repo"):
@@ -85,9 +77,8 @@ class HubDestination(Destination):
         if revision not in self._sizes:
             self._head(revision)
         listed = self._sizes.get(revision, {}).get(name)
-        if listed is None:
-            return
-        if (size is not None and listed != size) or (most is not None and listed > most):
+        if listed is not None and ((size is not None and listed != size)
+                                   or (most is not None and listed > most)):
             want = (f"{size:,} B as its index records" if size is not None else
                     f"at most {most:,} B (the cap on an index)")
             raise SyncError(f"sync destination {self.spec}@{revision[:12]}: {name}: listed as "

@@ -1,8 +1,7 @@
 """The sync index: the list of a pushed run's files (path -> sha256, size), written last.
 
-A destination counts a push only once its index is in place, so a push killed half way
-never looks complete, and `pull` checks every file it fetches against the index. Paths
-in an index are checked before use: a damaged or hostile index cannot make `pull` write
+A push counts only once its index is in place, and `pull` checks every file it fetches
+against it. Index paths are checked before use: a hostile index cannot make `pull` write
 outside the run directory it restores.
 """
 
@@ -19,8 +18,7 @@ from aleph.errors import AlephError
 
 SCHEMA = "aleph-sync/1"
 INDEX_MAX = 8 << 20
-"""Largest index read (8 MiB): an index holds one ~150-byte entry per file, so this is some
-50,000 files, a hundred times what a run syncs; a larger one is refused, not parsed."""
+"""Largest index read: ~50,000 files of ~150 B entries, a hundred times what a run syncs."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

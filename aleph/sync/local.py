@@ -1,20 +1,15 @@
 """A directory destination (a mounted bucket, an NFS share, a second disk).
 
-Layout of one run, `<root>/runs/<run>/`:
-- `objects/<sha[:2]>/<sha256>` every file content pushed, named by its sha256, each written
-  to a temporary name, fsynced and renamed: present means complete;
-- `indexes/<N:08d>.json` snapshot N (revision `rN`), written last, atomically, and linked
-  into place so that two pushers cannot both claim N.
-Nothing a snapshot references is overwritten or deleted before a newer snapshot is in
-place, so a push killed at any point leaves the previous snapshot readable. After a push,
-snapshots older than the newest KEEP are removed, then the objects none of the kept ones
-references (and temporaries of killed pushes).
+Layout of one run, `<root>/runs/<run>/`: `objects/<sha[:2]>/<sha256>` (each content
+written to a temporary name, fsynced and renamed: present means complete) and
+`indexes/<N:08d>.json`, snapshot N (revision `rN`), written last and linked into place so
+two pushers cannot both claim N. Nothing a snapshot references changes before a newer one
+is in place, so a killed push leaves the previous snapshot readable; after a push,
+snapshots older than the newest KEEP go, then the objects none of the kept ones references.
 
-Others may write the destination, so nothing in it is trusted (`safefs`): no link is
-followed, only regular files are read, and no more bytes than the index records (an index
-itself at most INDEX_MAX). A push deletes only names the destination writes itself (64 hex
-digits, its temporary names) and refuses, in one line, a destination holding anything else
-where objects or indexes live.
+Nothing in the destination is trusted (`safefs`): no link is followed, only regular files
+are read, never more bytes than recorded. A push deletes only names it writes itself (64
+hex digits, its temporaries) and refuses a destination holding anything else there.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Reading and writing inside a directory that others can write, without following links.
 
-Every path below a destination's root is walked one component at a time through directory
-file descriptors opened with O_NOFOLLOW, so a symbolic link planted anywhere (an object
-folder, `objects/` itself, `indexes/`, the run's own folder) is reported, never followed, and
-a link swapped in after a check still cannot redirect a read, a write or an unlink. Files are
-opened only once `lstat` says they are regular, and then with O_NONBLOCK and an `fstat` of
-the open descriptor, so a FIFO never blocks and a device is never opened.
+Paths below a destination's root are walked one component at a time through directory
+descriptors opened with O_NOFOLLOW, so a link planted anywhere is reported, never followed,
+even if swapped in after a check. Files are opened only once `lstat` says they are
+regular, with O_NONBLOCK and an `fstat` of the descriptor: a FIFO never blocks, a device is
+never opened.
 """
 
 from __future__ import annotations

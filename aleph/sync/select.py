@@ -1,21 +1,15 @@
 """What of a run directory is synced, and the local record that spares re-hashing.
 
-Synced: config.json, manifest.json, metrics.json, eval.json, the launch logs and their
-heartbeat/code records (launches/), the TensorBoard events (tb/), complete weights
-directories (weights/*/ with model_config.json, which save_weights writes last), the
-tokenizer, and the newest COMPLETE resume state whose files match its marker (a state
-without a marker is being written; one whose files differ from it is corrupt or being
-pruned). Not synced: run.lock, leftovers of killed saves, states set aside as corrupt,
-temporary files (dot files), and the local record itself.
+Synced: the top-level JSON files, launches/, tb/, complete weights directories (with
+model_config.json, written last), the tokenizer, and the newest COMPLETE resume state whose
+files match its marker. Not synced: run.lock, killed saves' leftovers, states set aside as
+corrupt, dot files, and the local record itself.
 
-Every file that is read is read once, through one file descriptor: `size` is taken from that descriptor,
-so a file replaced by an atomic rename meanwhile is read whole as it was, and a file
-appended to (logs, TensorBoard events) is read up to that size, a prefix that appends do
-not change. Mutable files (top-level JSON, launches/, tb/) are always read into memory;
-the others never change once written (resume states, weights, tokenizer): one whose
-(size, mtime, inode) the local record knows is not read at all, and is sent from its path
-(like one too large to hold) should the destination lack it, so a push of an unchanged
-run reads only the mutable files, however many weights and states it holds.
+Each file is read once through one descriptor, up to the size fstat gave: a file renamed
+over meanwhile is read whole as it was, an appended one as a stable prefix. Mutable files
+(top-level JSON, launches/, tb/) are read into memory; immutable ones (states, weights,
+tokenizer) whose (size, mtime, inode) the local record knows are not read at all and are
+sent from their path if needed, so pushing an unchanged run reads only the mutable files.
 """
 
 from __future__ import annotations
@@ -62,9 +56,9 @@ class HashCache:
             state = read_json(self.path)
         except (OSError, ValueError):
             state = {}
-        state = state if isinstance(state, dict) else {}
-        self.files: dict[str, Any] = state.get("files") if isinstance(state.get("files"), dict) else {}
-        self.pushed: dict[str, Any] = state.get("pushed") if isinstance(state.get("pushed"), dict) else {}
+        got = {k: state.get(k) if isinstance(state, dict) else None for k in ("files", "pushed")}
+        self.files: dict[str, Any] = got["files"] if isinstance(got["files"], dict) else {}
+        self.pushed: dict[str, Any] = got["pushed"] if isinstance(got["pushed"], dict) else {}
 
     def lookup(self, rel: str, st: os.stat_result) -> str | None:
         rec = self.files.get(rel)
@@ -101,10 +95,7 @@ def read_item(run_dir: Path, rel: str, cache: HashCache, mutable: bool) -> Item 
 
 def _hash_stream(f, size: int) -> str:
     h, left = hashlib.sha256(), size
-    while left > 0:
-        block = f.read(min(_CHUNK, left))
-        if not block:
-            break
+    while left > 0 and (block := f.read(min(_CHUNK, left))):
         h.update(block)
         left -= len(block)
     return h.hexdigest()
@@ -112,13 +103,11 @@ def _hash_stream(f, size: int) -> str:
 
 def _tree(run_dir: Path, top: str) -> list[str]:
     """Regular files under run_dir/top, relative POSIX paths, temporary (dot) files skipped."""
-    root = run_dir / top
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(run_dir / top):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if not name.startswith("."):
-                out.append(Path(dirpath, name).relative_to(run_dir).as_posix())
+        out += [Path(dirpath, name).relative_to(run_dir).as_posix()
+                for name in sorted(filenames) if not name.startswith(".")]
     return out
 
 
@@ -131,17 +120,15 @@ def _weights(run_dir: Path) -> list[str]:
 
 
 def resume_state(run_dir: Path, cache: HashCache) -> tuple[int, list[Item]] | None:
-    """The newest complete resume state whose files match its marker: (step, its items).
-    States and marker are read through aleph.record.layout (a link is never a state; a
-    marker of another format version is refused, StoreError)."""
+    """The newest complete resume state whose files match its marker: (step, its items);
+    a marker of another format version is refused (StoreError, aleph.record.layout)."""
     run = RunLayout(run_dir)
     for state in reversed(run.complete_states()):
         try:
             marker = layout.read_marker(state)
         except ValueError:
             continue  # unreadable or damaged: not a state to push
-        names = sorted(marker)
-        base = state.relative_to(run.dir).as_posix()
+        names, base = sorted(marker), state.relative_to(run.dir).as_posix()
         items = [read_item(run.dir, f"{base}/{n}", cache, False) for n in [*names, COMPLETE]]
         if all(i is not None for i in items) and all(
                 (i.sha256, i.size) == (marker[n]["sha256"], marker[n]["size"])
@@ -158,9 +145,5 @@ def collect(run_dir: Path, cache: HashCache) -> tuple[int | None, list[Item]]:
         items += [read_item(run_dir, rel, cache, True) for rel in _tree(run_dir, top)]
     fixed = _weights(run_dir) + _tree(run_dir, TOKENIZER_DIR)
     items += [read_item(run_dir, rel, cache, False) for rel in fixed]
-    state = resume_state(run_dir, cache)
-    step = None
-    if state is not None:
-        step, more = state
-        items += more
-    return step, [i for i in items if i is not None]
+    step, state_items = resume_state(run_dir, cache) or (None, [])
+    return step, [i for i in items + state_items if i is not None]

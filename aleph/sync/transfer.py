@@ -1,14 +1,10 @@
 """Push a run directory to a destination; pull runs back into a work root.
 
-push: the files of `select.collect` are compared with the destination's newest snapshot
-and only the changed ones are sent; nothing changed means nothing is written. pull: every
-file of the newest snapshot is fetched into a staging directory beside `runs/` (not under
-it, so nothing lists or resumes a half-pulled run), its sha256 and size checked against the
-index, and the run directory appears only once all are verified, by one rename. A pull
-never replaces a run directory that exists. Each pull holds an exclusive flock on its
-staging's `lock` file while it lives; a pull removes only stagings whose lock it can take
-(a pull in another container shares the volume, not the PID namespace, so a pid says
-nothing there).
+push sends only the files that differ from the destination's newest snapshot (none: nothing
+is written). pull fetches every file of the newest snapshot into a staging directory beside
+`runs/`, checks each sha256 and size, and makes the run appear by one rename; it never
+replaces an existing run directory. A pull holds a flock on its staging's `lock` and removes
+only stagings whose lock it can take (a pid says nothing across containers).
 """
 
 from __future__ import annotations
@@ -88,15 +84,12 @@ class PullResult:
 
 
 def push(run_dir: Path, dest: Destination, verify: bool = False) -> PushResult:
-    """Push `run_dir` (under <work>/runs) to `dest`; only files changed since its newest
-    snapshot are sent. The caller holds the run lock or is the run's own trainer.
-
-    verify: first re-hash every file of that snapshot at the destination (a full read of
-    it) and send again those whose copy is missing or damaged; without it a stored copy
-    is trusted, which is what keeps an unchanged push cheap."""
+    """Push `run_dir` (under <work>/runs) to `dest`, sending only files changed since its
+    newest snapshot; the caller holds the run lock or is the run's own trainer. verify:
+    first re-hash that snapshot at the destination and resend missing or damaged copies
+    (without it a stored copy is trusted, which keeps an unchanged push cheap)."""
     t0, run_dir = time.monotonic(), Path(run_dir)
-    run = check_run_dir(run_dir)
-    cache = HashCache(run_dir)
+    run, cache = check_run_dir(run_dir), HashCache(run_dir)
     step, items = collect(run_dir, cache)
     files = {i.rel: {"sha256": i.sha256, "size": i.size} for i in items}
     previous = dest.latest(run)

@@ -1,18 +1,17 @@
 """The trainer's background sync: rank 0 hands requests to one worker thread.
 
-`saved(step)` is called on the training thread right after a complete resume state is
-saved; when `every_minutes` have passed since the last request it wakes the worker and
-returns at once, so a sync never blocks a training step. The worker pushes the run as it
-is when it gets to it (the newest complete resume state, not necessarily `step`). A
-failure is logged with its reason and retried with backoff (RETRY_FIRST_S doubling to
-RETRY_MAX_S), each retry pushing whatever is newest then; training goes on meanwhile.
-`finish()` (end of the launch, or a stop) makes a final push, tried FINAL_ATTEMPTS times,
-and waits for it. Results reach `on_synced` on the calling (training) thread only, so the
-manifest is written by one thread.
+`saved(step)` (training thread, after a complete resume state) wakes the worker when
+`every_minutes` have passed and returns at once: a sync never blocks a step. The worker
+pushes the run as it is then; a failure is logged and retried with backoff (RETRY_FIRST_S
+doubling to RETRY_MAX_S) while training goes on. `finish()` makes a final push, tried
+FINAL_ATTEMPTS times, and waits for it. Results reach `on_synced` on the training thread
+only, so the manifest is written by one thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import threading
 import time
@@ -86,10 +85,8 @@ class Syncer:
 
     # --- worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        try:  # on Linux this sets the nice value of this thread only: training keeps the CPU
+        with contextlib.suppress(OSError):  # on Linux: this thread's nice value only
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
-        except OSError:
-            pass
         while True:
             with self._cv:
                 while not (self._wanted or self._final):
@@ -104,9 +101,7 @@ class Syncer:
         """Push until it works: `limit` attempts FINAL_RETRY_S * n apart (the final sync), or
         (None) with growing backoff until it works or finish() cuts a wait short."""
         final = limit is not None
-        n = 0
-        while True:
-            n += 1
+        for n in itertools.count(1):
             try:
                 result = push(self.run_dir, self.dest)
             except Exception as e:  # any failure: logged, retried, never raised into training
@@ -144,6 +139,5 @@ class Syncer:
         return True
 
     def _kept(self) -> str:
-        last = self.last
-        return (f"revision {last.revision} (step {last.step}) from this launch" if last
-                else "what an earlier push left there, if any")
+        return (f"revision {self.last.revision} (step {self.last.step}) from this launch"
+                if self.last else "what an earlier push left there, if any")
