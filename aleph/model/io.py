@@ -60,13 +60,18 @@ def load_model(weights_dir: str | Path, device: str | torch.device = "cpu") -> A
         model = build_model(cfg).to(device)
     except ConfigError as e:  # a shape too large to allocate: name the file that asks for it
         raise ConfigError(f"{cfg_path}: {e}") from None
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
-    if missing or unexpected or bad:
-        raise StoreError(
-            f"{w_path}: does not match {cfg_path} (arm {cfg.arm}): missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}, wrong shape {bad[:5]}")
+    problem = state_mismatch(model.state_dict(), state, 5)
+    if problem:
+        raise StoreError(f"{w_path}: does not match {cfg_path} (arm {cfg.arm}): {problem}")
     model.load_state_dict(state, strict=True)
     return model
+
+
+def state_mismatch(expected: dict, state: dict, n: int) -> str | None:
+    """'missing [..], unexpected [..], wrong shape [..]' (the first `n` keys of each) when
+    `state` does not fit a module whose state dict is `expected`, else None."""
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    if missing or unexpected or bad:
+        return f"missing {missing[:n]}, unexpected {unexpected[:n]}, wrong shape {bad[:n]}"
+    return None
