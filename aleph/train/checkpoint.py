@@ -3,7 +3,7 @@ renamed, the COMPLETE marker (sha256 and size of each file) last; verified befor
 set aside as `.corrupt-<UTC>` when damaged; pruned to `keep_checkpoints` at every instant.
 README.md "Resume and stop" has the contract. Files: `model.safetensors` (the uncompiled
 model), `trainer.pt` (optimiser, scheduler, every rank's RNG states: tensors and plain
-values only, `trainer_state.load_trainer_state`), `meta.json` (format_version, position,
+values only, `load_trainer_state`), `meta.json` (format_version, position,
 world size, config hash). Names, the marker and the link rules: `aleph.record.layout`.
 """
 
@@ -14,7 +14,10 @@ import io
 import json
 import os
 import random
+import re
+import reprlib
 import shutil
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +42,6 @@ from aleph.model.io import state_mismatch
 from aleph.record import layout
 from aleph.record.layout import COMPLETE, CORRUPT_TAG, FORMAT_VERSION, RunLayout
 from aleph.train.optim import device_flags, restore_device_flags
-from aleph.train.trainer_state import load_trainer_state
 
 FILES = layout.STATE_FILES
 
@@ -281,3 +283,68 @@ def load(path: Path, model: torch.nn.Module, optimizer,
     scheduler.load_state_dict(trainer["scheduler"])
     pos = Position(**{f.name: meta[f.name] for f in dataclasses.fields(Position)})
     return pos, trainer["rng"], meta
+
+
+# --- trainer.pt: tensors and plain values only, through torch's weights-only unpickler ---
+
+def _refuse(file: Path, why: str) -> StoreError:
+    return StoreError(f"{file}: refused as a resume state: {why}; a resume state holds only "
+                      "tensors and plain values, and nothing else in it is ever run or "
+                      "built (delete this checkpoint directory to resume from the one before)")
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 160
+
+
+def _unpickle_error(e: Exception) -> str:
+    """What torch's weights-only refusal names (`Unsupported global: GLOBAL posix.system`),
+    without its advice to load with weights_only=False."""
+    text = str(e)
+    said = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|\n|$)", text)
+    line = said.group(1) if said else (text.strip().splitlines() or [type(e).__name__])[0]
+    return _SHORT.repr(line.strip())[1:-1]
+
+
+def load_trainer_state(path: Path) -> dict:
+    """trainer.pt of a complete state through torch's weights-only unpickler.
+
+    Only tensors, plain containers and numbers load; anything else (a pickled callable,
+    another class, a numpy array) is refused with one line naming the file: a pulled run's
+    checksums are written by whoever wrote the run, so they prove nothing about what the
+    file would execute.
+    """
+    file = Path(path) / "trainer.pt"
+    st = os.lstat(file)
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(file, "not a regular file")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError for a forbidden global; RuntimeError for a bad zip
+        raise _refuse(file, _unpickle_error(e)) from None
+    problem = _state_problem(state)
+    if problem:
+        raise _refuse(file, problem)
+    return state
+
+
+def _state_problem(state) -> str | None:
+    """What is wrong with the shape of a loaded trainer state, or None."""
+    if not isinstance(state, dict) or not {"optimizer", "scheduler", "rng"} <= set(state):
+        return "expected a dict with optimizer, scheduler and rng"
+    if not isinstance(state["rng"], list) or not state["rng"]:
+        return "rng: expected a list of per-rank RNG states"
+    for rank, rng in enumerate(state["rng"]):
+        if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
+            return f"rng[{rank}]: expected python, numpy and torch generator states"
+        saved = rng["numpy"]
+        if not (isinstance(saved, dict) and isinstance(saved.get("keys"), torch.Tensor)
+                and tuple(saved["keys"].shape) == (624,)):
+            return f"rng[{rank}].numpy: expected the MT19937 state (624 keys)"
+        if not isinstance(rng["torch"], torch.Tensor):
+            return f"rng[{rank}].torch: expected a ByteTensor"
+        if "cuda" in rng and not isinstance(rng["cuda"], torch.Tensor):
+            return f"rng[{rank}].cuda: expected one ByteTensor (the rank's own device)"
+    return None
+
+

@@ -34,9 +34,7 @@ def knob(default: Any, *checks: Rule, resumable: bool, basis: bool, secret: bool
     secret: never written to a file, log or echo;
     term: the field is the weight of this term of the objective (aleph.model.objective)."""
     facts = {"resumable": resumable, "basis": basis, "secret": secret, "checks": checks}
-    if term is not None:
-        facts["term"] = term
-    return field(default=default, metadata=facts)
+    return field(default=default, metadata=facts if term is None else {**facts, "term": term})
 
 
 # ModelConfig fields TrainConfig does not carry: they come from the data (or, arm, from above).
@@ -298,14 +296,9 @@ def model_config(cfg: TrainConfig, vocab_size: int, pad_id: int, out_dim: int = 
 
 def to_dict(cfg: TrainConfig, redact: bool = True) -> dict[str, Any]:
     """JSON-able dict of the config; secrets replaced by a marker unless redact=False."""
-    d = dataclasses.asdict(cfg)
-    for k, v in d.items():
-        if isinstance(v, tuple):
-            d[k] = list(v)
+    d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
     if redact:
-        for name in SECRET_FIELDS:
-            if d.get(name):
-                d[name] = REDACTED
+        d.update({name: REDACTED for name in SECRET_FIELDS if d.get(name)})
     return d
 
 
@@ -332,8 +325,8 @@ def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
     now = to_dict(cfg)
     diff = sorted(k for k in set(saved) | set(now)
                   if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
+    detail = "; ".join(f"{k}: run has {saved.get(k)!r}, launch asks {now.get(k)!r}" for k in diff)
     if diff:
-        detail = "; ".join(f"{k}: run has {saved.get(k)!r}, launch asks {now.get(k)!r}" for k in diff)
         raise ConfigError(f"this run directory was started with a different config ({detail}); "
                           "use another --seed/arm or remove the run directory")
 

@@ -11,10 +11,9 @@ gather's backward sums the W copies of that loss's gradient into each rank's sli
 averages over W ranks: each parameter gets exactly d(global loss)/d(theta), the update of
 one process with the whole batch, within float tolerance.
 
-srun-native: the ranks come from SLURM_PROCID, SLURM_LOCALID and SLURM_STEP_NUM_TASKS; the
-rendezvous TCPStore runs on the step's first host, on the port the kernel gives rank 0,
-published in a file under the shared work root (so two jobs on one node never collide, as
-`base + jobid % N` does: catalyst PR #716). Every node must see the work root at one path.
+srun-native (docs/cluster.md): ranks from SLURM_PROCID/LOCALID/STEP_NUM_TASKS; the TCPStore
+on the step's first host, on the port the kernel gives rank 0, published under the shared
+work root (two jobs on one node never collide, as `base + jobid % N` does: catalyst #716).
 """
 
 from __future__ import annotations
