@@ -96,11 +96,8 @@ class Address(nn.Module):
         self.register_buffer("anchors_init", init.clone())
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """u = normalize(x) @ normalize(A).T / tau, in float32 even under autocast.
-
-        In bf16 a cosine carries ~3 significant digits, i.e. an error of ~0.04 in u at
-        tau 0.1; the K=3 dot products are negligible work, so they stay in float32.
-        """
+        """u = normalize(x) @ normalize(A).T / tau, in float32 even under autocast (in bf16 a
+        cosine has ~3 digits, an error of ~0.04 in u at tau 0.1, for negligible work)."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             a = F.normalize(self.anchors.float(), dim=-1)  # (K, D)
             x = F.normalize(x.float(), dim=-1)  # (..., D)
@@ -113,11 +110,8 @@ class Address(nn.Module):
 
     @torch.no_grad()
     def drift(self) -> torch.Tensor:
-        """Per anchor, 1 - cos(anchor, its initial value "home"): (K,), 0 at init, <= 2.
-
-        The cosine distance of the public E1-form bank's gauge (its drift_mean/drift_max
-        are the mean and max of this); an anchor's length never matters, only its direction.
-        """
+        """Per anchor, 1 - cos(anchor, its initial value "home"): (K,), 0 at init, <= 2; the
+        public E1-form bank's gauge (drift_mean/drift_max are its mean and max)."""
         a = F.normalize(self.anchors.float(), dim=-1)  # (K, D)
         home = F.normalize(self.anchors_init.float(), dim=-1)  # (K, D)
         return 1.0 - (a * home).sum(dim=-1)  # (K,)

@@ -3,10 +3,7 @@
 Both are bias-free, so the bank is parameter-matched to the dense FFN exactly in its
 matrices: trunk d*ff*2 + K experts d*ff*2 = (1 + K) * 2*d*ff = 2*d*2048 for ff=512, K=3.
 Only the address (K*D anchors) and K gates are extra: 1,539 numbers per block at E1.
-
-Initialisation follows ModelConfig.init (aleph.model.config.INIT_SCHEMES): "e1_orthogonal"
-is the public E1-form bank's (orthogonal trunk and expert input matrices), "normal_0.02"
-this project's former BERT-style init. Either way expert w_out starts at zero.
+Initialisation: ModelConfig.init (aleph.model.config.INIT_SCHEMES).
 """
 
 from __future__ import annotations

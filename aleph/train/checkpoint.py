@@ -307,13 +307,9 @@ def _unpickle_error(e: Exception) -> str:
 
 
 def load_trainer_state(path: Path) -> dict:
-    """trainer.pt of a complete state through torch's weights-only unpickler.
-
-    Only tensors, plain containers and numbers load; anything else (a pickled callable,
-    another class, a numpy array) is refused with one line naming the file: a pulled run's
-    checksums are written by whoever wrote the run, so they prove nothing about what the
-    file would execute.
-    """
+    """trainer.pt of a complete state through torch's weights-only unpickler: anything but
+    tensors, plain containers and numbers is refused in one line naming the file (a pulled
+    run's checksums prove nothing about what the file would execute)."""
     file = Path(path) / "trainer.pt"
     st = os.lstat(file)
     if not stat.S_ISREG(st.st_mode):

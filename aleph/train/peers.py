@@ -66,9 +66,6 @@ class Peers:
         self._thread = threading.Thread(target=self._beat, name="aleph-peers", daemon=True)
         self._thread.start()
 
-    def _client(self) -> dist.Store:
-        return self._store if self._beat_store is None else self._beat_store
-
     def _beat(self) -> None:
         with self._in_thread() if self._in_thread is not None else contextlib.nullcontext():
             self._beat_until_closed()
@@ -85,7 +82,7 @@ class Peers:
             self._stop.wait(self.beat_s)
 
     def _round(self) -> None:
-        store = self._client()
+        store = self._store if self._beat_store is None else self._beat_store
         with self._lock:
             store.add(f"{self.prefix}hb/{self.rank}", 1)
             now = time.monotonic()
@@ -109,10 +106,6 @@ class Peers:
         quiet = [(r, now - when) for r, (_, when) in self._seen.items()]
         return [(r, s) for r, s in quiet if s > limit]
 
-    def gone(self, ranks: list[int]) -> list[int]:
-        """Which of `ranks` marked themselves gone (left a barrier by an exception, or shut down)."""
-        return [r for r in ranks if self._check(f"{self.prefix}gone/{r}")]
-
     def _check(self, key: str) -> bool:
         with self._lock:
             return self._store.check([key])
@@ -120,10 +113,9 @@ class Peers:
     def barrier(self, what: str, log: Callable[[str], None]) -> None:
         """Wait, polling, until every rank has reached this barrier.
 
-        Logs after LOG_FIRST_S and then every LOG_EVERY_S which ranks it still waits for.
-        Raises PeerLost naming the rank when one has left or has not beaten for
-        `timeout_s`, or when this rank cannot reach the store for that long. Leaving by
-        any exception marks this rank gone, so the others stop waiting for it at once.
+        Logs which ranks it still waits for after LOG_FIRST_S, then every LOG_EVERY_S.
+        PeerLost names a rank that left or has not beaten for `timeout_s` (or this rank's
+        own loss of the store); leaving by any exception marks this rank gone.
         """
         self._seq += 1
         keys = [f"{self.prefix}at/{self._seq}/{r}" for r in range(self.size)]
@@ -134,7 +126,8 @@ class Peers:
             self._store.set(keys[self.rank], "1")
             while True:
                 missing = [r for r in others if not self._check(keys[r])]
-                left = self.gone(others)  # also after all arrived: a rank may leave right after
+                # also after all arrived: a rank may leave right after
+                left = [r for r in others if self._check(f"{self.prefix}gone/{r}")]
                 if left:
                     names = ", ".join(f"rank {r}" for r in left)
                     raise PeerLost(f"{names} left (stopped or failed) while rank {self.rank} "

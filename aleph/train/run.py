@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from aleph._io import atomic_write_json, read_json
-from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost, RunLocked
+from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
 from aleph.record.launch import COMPLETE, FAILED, STOPPED, choose_action
@@ -108,18 +108,12 @@ def _console(line: str) -> None:
 
 
 def _lock_and_name(lock: RunLock, world: World) -> str:
-    """Rank 0 takes the lock; every rank learns the launch id or the refusal."""
-    verdict: tuple[str, str] = ("", "")
-    if world.is_main:
-        try:
-            lock.acquire()
-            verdict = ("ok", make_launch_id())
-        except RunLocked as e:
-            verdict = ("locked", str(e))
-    verdict = world.broadcast_object(verdict)
-    if verdict[0] != "ok":
-        raise RunLocked(verdict[1])
-    return verdict[1]
+    """Rank 0 takes the lock; every rank learns the launch id or the refusal (RunLocked)."""
+    def take() -> str:
+        lock.acquire()
+        return make_launch_id()
+
+    return world.on_main("taking the run lock", take, _console)
 
 
 def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop: StopFlag,

@@ -100,7 +100,10 @@ def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str,
         if inputs.misalignment_allowed:  # written with the inputs record below
             manifest.launch["misalignment_allowed"] = inputs.misalignment_allowed
         manifest.record_inputs(now, allowed)
-        record_data(run_dir, manifest, inputs.sources, targets, tokens, tokenizer)
+        manifest.set_store({**now["target_store"], "byte_length": targets.byte_length,
+                            "dim": targets.dim, "dtype": targets.manifest["dtype"],
+                            "token_store": str(tokens.path), "captions": inputs.sources.captions})
+        save_tokenizer(tokenizer, RunLayout(run_dir).tokenizer)
 
     # rank 0 records (and may refuse changed inputs); the others poll, then stop alike
     world.on_main("recording the inputs", record_inputs, log)
@@ -266,17 +269,8 @@ def check_inputs_unchanged(cfg: TrainConfig, manifest: outputs.Manifest, resume_
     return {"by": "allow_input_change=true", "previous": before["from"], "changes": changes}
 
 
-def record_data(run_dir: Path, manifest: outputs.Manifest, sources: preflight.Sources,
-                targets, tokens, tokenizer) -> None:
-    """The target store in manifest.json; the run's own copy of its tokenizer (once)."""
-    t = targets
-    manifest.set_store({
-        "manifest_sha256": t.manifest_sha256, "content_sha256": t.content_sha256,
-        "implementation": t.implementation,
-        "byte_length": t.byte_length, "rows": t.rows, "dim": t.dim,
-        "dtype": t.manifest["dtype"], "dir": str(t.store_dir),
-        "token_store": str(tokens.path), "captions": sources.captions})
-    out = RunLayout(run_dir).tokenizer
+def save_tokenizer(tokenizer, out: Path) -> None:
+    """The run's own copy of its tokenizer, once."""
     if not out.is_dir():  # save into a temporary sibling, then rename: complete or absent
         tmp = out.with_name(f".tokenizer.tmp-{os.getpid()}")
         tokenizer.save_pretrained(str(tmp))
