@@ -25,7 +25,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -265,27 +265,20 @@ def init_world(device_kind: str, timeout_s: float,
         torch.cuda.set_device(local)
     # Short: a hung rank is found in minutes. Rank 0's long one-off work (a 49 GB store
     # build) is waited for in World.on_main's polling barrier, never in a collective.
-    timeout, port_file = timedelta(seconds=timeout_s), None
-    if by_srun is not None:
-        store, port_file = rendezvous_store(rank, size, timeout_s)
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=size,
-                                timeout=timeout)
-    else:
-        dist.init_process_group(backend=backend, timeout=timeout)
+    store, port_file = rendezvous_store(rank, size, timeout_s) if by_srun else (None, None)
+    by_store = {} if store is None else {"store": store, "rank": rank, "world_size": size}
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **by_store)
     device = f"cuda:{local}" if device_kind == "cuda" else "cpu"
-    world = World(rank=rank, size=size, local_rank=local, collective_device=device)
+    world = World(rank=rank, size=size, local_rank=local, collective_device=device,
+                  port_file=port_file)
     try:
         # A prefix per launch: a store can outlive a restarted attempt's keys.
         prefix = f"aleph/{world.broadcast_object(secrets.token_hex(8))}/"
-        peers = Peers(dist.distributed_c10d._get_default_store(), prefix, rank, size,
-                      timeout_s, in_thread)
+        return replace(world, peers=Peers(
+            dist.distributed_c10d._get_default_store(), prefix, rank, size, timeout_s, in_thread))
     except BaseException:
-        dist.destroy_process_group()
-        if port_file is not None:
-            port_file.unlink(missing_ok=True)
+        world.shutdown()  # no peers yet: leaves the process group, removes the port file
         raise
-    return World(rank=rank, size=size, local_rank=local, collective_device=device, peers=peers,
-                 port_file=port_file)
 
 
 def check_divisible(batch_size: int, world: World) -> int:

@@ -59,7 +59,6 @@ class Trainer:
     sources: preflight.Sources | None = None
     tokens: Any = None  # aleph.data.tokens.TokenStore
     targets: Any = None  # aleph.targets.TargetStore
-    tokenizer: Any = None
 
 
 def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, log,
@@ -129,8 +128,7 @@ def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str,
                    net=wrap(model, cfg, world, device), opt=opt, sched=sched, order=order,
                    total_steps=total_steps, pos=pos, run_dir=run_dir, launch_id=launch_id,
                    log=log, manifest=manifest, stop=stop, monitor=monitor, tracer=tracer,
-                   syncer=syncer, sources=inputs.sources, tokens=tokens, targets=targets,
-                   tokenizer=tokenizer)
+                   syncer=syncer, sources=inputs.sources, tokens=tokens, targets=targets)
 
 
 def step_trainer(cfg: TrainConfig, model: torch.nn.Module, total_steps: int,
