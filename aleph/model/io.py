@@ -26,10 +26,8 @@ def _plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_weights(model: torch.nn.Module, out_dir: str | Path) -> Path:
-    """Write the weights and config of `model` (compiled in place or not) into `out_dir`.
-
-    The config is written last: a directory whose config is present has complete weights.
-    """
+    """Write the weights and config of `model` (compiled in place or not) into `out_dir`, the
+    config last: a directory whose config is present has complete weights."""
     out_dir = Path(out_dir)
     cfg: ModelConfig = model.config
     blob = safetensors.torch.save(_plain_state_dict(model), metadata={"arm": cfg.arm})

@@ -108,10 +108,7 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
 def latest(run_dir: Path) -> tuple[Path, dict] | None:
     """The newest complete checkpoint and its meta, or None (not verified: see find_resume)."""
     done = RunLayout(run_dir).complete_states()
-    if not done:
-        return None
-    path = done[-1]
-    return path, read_json(path / "meta.json")
+    return (done[-1], read_json(done[-1] / "meta.json")) if done else None
 
 
 def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Position,
@@ -152,16 +149,13 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
         fault_point("before-complete", pos.step)
         current = final / COMPLETE
         layout.write_marker(final, pos.step, files)  # last: the state now counts
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno in DISK_FULL_ERRNOS:
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
             said = e.strerror or ""  # the writers already name the file and the bytes
             msg = said if str(current) in said else disk_full_message(current, e, need)
             raise QuotaError(f"{msg}; the previous resume state is intact: free space and "
                              "relaunch") from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise
     fault_point("after-complete", pos.step)
     return final

@@ -1,9 +1,6 @@
-"""The training config: one frozen, typed dataclass, two presets, file and key=value overrides.
-
-Resolution order: preset defaults, then a config file (JSON or YAML, a flat mapping of
-field names), then `--set key=value` overrides, then `--arm`/`--seed`. An unknown key, a
-value of the wrong type, or a bad combination raises ConfigError naming the field before
-any work starts. The resolved config is written to the run directory before step 0.
+"""The training config: one frozen, typed dataclass, two presets, file and key=value overrides,
+resolved in that order (then `--arm`/`--seed`); a bad key, type or combination is a
+ConfigError naming the field before any work starts.
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ MODEL_FIELDS_FROM_DATA = ("vocab_size", "pad_id", "out_dim")
 
 SOME_TERM = rule(lambda v, c: any(w > 0 for w in loss_weights(c).values()),
                  lambda c: " or ".join(f.name for f in fields(c) if "term" in f.metadata)
-                 + " > 0 (all are 0: nothing to train)")
-"""The rule every loss weight declares (with AT_LEAST_0): not all of them 0."""
+                 + " > 0 (all are 0: nothing to train)")  # declared by every loss weight
 
 
 @dataclass(frozen=True)

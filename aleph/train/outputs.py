@@ -18,11 +18,8 @@ from aleph.train.identity import hostname, utc_now
 
 
 class Manifest:
-    """manifest.json of one run directory (the launch entry schema: aleph.record.launch).
-
-    Each launch writes only its own entry of `launches[]`. A manifest of another
-    format_version is refused in one line (aleph.record.layout.check_version).
-    """
+    """manifest.json of one run directory (entry schema: aleph.record.launch); each launch
+    writes only its own entry of `launches[]`; another format_version is refused."""
 
     def __init__(self, run_dir: Path, run_id: str, arm: str, seed: int) -> None:
         self.path = RunLayout(run_dir).manifest

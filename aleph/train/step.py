@@ -1,7 +1,6 @@
-"""One training step: forward, distillation loss over the global batch, checked update.
-
-`train_step` is the step; `Steps` is how the loop calls it: each step's values go to one
-callback, at once, or under defer_step_sync one step late (the deferral lives here only).
+"""One training step (`train_step`: forward, loss over the global batch, checked update) and
+how the loop calls it (`Steps`: values handed on at once, or one step late under
+defer_step_sync; the deferral lives here only).
 """
 
 from __future__ import annotations
