@@ -1,4 +1,5 @@
-"""What a run leaves behind (rank 0 only): manifest.json, metrics.json, TensorBoard events.
+"""What a run leaves behind (rank 0 only): manifest.json, the executed-code record, TensorBoard
+events (metrics.json: progress.py).
 
 JSON files are rewritten atomically. The manifest holds one entry per launch; one left
 'running' by a launch that died (SIGKILL, OOM kill) is marked 'lost' by the next launch.
@@ -79,13 +80,6 @@ class Manifest:
         self.launch.update(fields)
         self.write()
 
-    def record_executed(self, sidecar: str, rec: dict[str, Any]) -> None:
-        """Point this launch's code record at its executed-code file (launches/<id>.code.json)."""
-        self.launch["code"]["executed"] = {
-            "file": sidecar, "functions": rec["functions"], "window": rec["window"],
-            "traced_seconds": rec["traced_seconds"], "unavailable": rec["unavailable"]}
-        self.write()
-
     def set_store(self, store_info: dict[str, Any]) -> None:
         self.data["target_store"] = store_info
         self.write()
@@ -132,11 +126,10 @@ def write_executed(manifest: Manifest, tracer, launch_id: str) -> None:
         atomic_write_json(path, rec)
     except OSError:  # the record is evidence, not a reason to fail the launch
         return
-    manifest.record_executed(rel, rec)
-
-
-def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
-    atomic_write_json(RunLayout(run_dir).metrics, {**metrics, "updated": utc_now()})
+    manifest.launch["code"]["executed"] = {
+        "file": rel, "functions": rec["functions"], "window": rec["window"],
+        "traced_seconds": rec["traced_seconds"], "unavailable": rec["unavailable"]}
+    manifest.write()
 
 
 class Scalars:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from aleph._io import read_json
+from aleph._io import atomic_write_json, read_json
 from aleph.record.layout import RunLayout
 from aleph.train import outputs
+from aleph.train.identity import utc_now
 from aleph.train.step import StepResult
 
 if TYPE_CHECKING:
@@ -62,14 +63,14 @@ class Reporter:
         t, res = self.t, self.result
         launch_s = time.monotonic() - self.t0
         done = (step - self.start_step) * t.cfg.batch_size
-        outputs.write_metrics(t.run_dir, {
+        atomic_write_json(RunLayout(t.run_dir).metrics, {
             "run_id": t.run_dir.name, "step": step, "total_steps": t.total_steps,
             "samples_seen": t.pos.samples_seen, "rows": t.tokens.rows,
             "epochs_done": t.pos.samples_seen / (t.order.steps_per_epoch * t.cfg.batch_size),
             "epochs": t.cfg.epochs, "wall_time_s": t.pos.train_seconds,
             "launch_wall_time_s": launch_s, "samples_per_sec": done / max(launch_s, 1e-9),
             "world_size": t.world.size, "first_loss": self.first_loss,
-            "final": None if res is None else {**res.values, "lr": res.lr}})
+            "final": None if res is None else {**res.values, "lr": res.lr}, "updated": utc_now()})
 
     def close(self) -> None:
         if self.scalars is not None:
