@@ -19,7 +19,7 @@ CONFIG = "model_config.json"
 CONFIG_MAX_BYTES = 1 << 20  # a model config is ~20 fields; a pulled one may be anything
 
 
-def _plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The module's state dict as contiguous CPU tensors (the trainer compiles in place,
     `model.compile()`, so the keys carry no wrapper prefix)."""
     return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
@@ -30,7 +30,7 @@ def save_weights(model: torch.nn.Module, out_dir: str | Path) -> Path:
     config last: a directory whose config is present has complete weights."""
     out_dir = Path(out_dir)
     cfg: ModelConfig = model.config
-    blob = safetensors.torch.save(_plain_state_dict(model), metadata={"arm": cfg.arm})
+    blob = safetensors.torch.save(plain_state_dict(model), metadata={"arm": cfg.arm})
     atomic_write_bytes(out_dir / WEIGHTS, blob)
     atomic_write_json(out_dir / CONFIG, cfg.to_dict())
     return out_dir

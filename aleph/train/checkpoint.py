@@ -38,7 +38,7 @@ from aleph._io import (
     sha256_file,
 )
 from aleph.errors import QuotaError, StoreError
-from aleph.model.io import state_mismatch
+from aleph.model.io import plain_state_dict, state_mismatch
 from aleph.record import layout
 from aleph.record.layout import COMPLETE, CORRUPT_TAG, FORMAT_VERSION, RunLayout
 from aleph.train.optim import device_flags, restore_device_flags
@@ -77,19 +77,15 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     return state
 
 
-def _numpy_state(saved: dict) -> tuple:
-    """np.random.set_state's tuple from the saved numpy state (the dict above)."""
-    keys = saved["keys"].numpy().astype(np.uint32)
-    return saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached"]
-
-
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
                   derived_seed: int | None = None) -> str:
     """Restore a rank's RNGs; returns how the CUDA generator was set ("" off CUDA). A CPU-saved
     state on CUDA seeds it with `derived_seed` (stream_seed of seed, rank, step): left at the
     config seed, every rank would draw the same dropout masks."""
     random.setstate(state["python"])
-    np.random.set_state(_numpy_state(state["numpy"]))
+    saved = state["numpy"]  # as rng_state stores it, back to np.random's tuple
+    np.random.set_state((saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["pos"],
+                         saved["has_gauss"], saved["cached"]))
     torch.set_rng_state(state["torch"])
     if device is None or device.type != "cuda":
         return ""
@@ -118,13 +114,12 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
     before anything is written (or mid-write), and the previous states stay untouched."""
     final = RunLayout(run_dir).state_dir(pos.step)
     tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     trainer = io.BytesIO()
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": rng_states}, trainer)
     meta = {"format_version": FORMAT_VERSION, "world_size": len(rng_states),
             "config_sha256": config_sha256, **dataclasses.asdict(pos)}
-    blobs = {"model.safetensors": safetensors.torch.save(weights),
+    blobs = {"model.safetensors": safetensors.torch.save(plain_state_dict(model)),
              "trainer.pt": trainer.getbuffer(),
              "meta.json": (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()}
     need = sum(len(b) for b in blobs.values())

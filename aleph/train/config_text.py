@@ -57,12 +57,6 @@ def _yaml_where(e: Exception) -> str:
 _NUMBER = re.compile(r"[+-]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 
-def _as_float(value: Any) -> Any:
-    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        return float(value.strip().replace("_", ""))
-    return value
-
-
 def coerce(tp: Any, value: Any, raw: str | None = None) -> Any:
     """`value` (parsed from YAML, or `raw` text of a --set) as the annotation `tp` declares it:
     floats in any decimal spelling ("1e-3"), strings as written ("2024"), tuples as
@@ -79,7 +73,8 @@ def coerce(tp: Any, value: Any, raw: str | None = None) -> Any:
                     for i, v in enumerate(value)]
         return value
     if accepts(tp, float):
-        return _as_float(value)
+        text = value.strip() if isinstance(value, str) else ""
+        return float(text.replace("_", "")) if _NUMBER.fullmatch(text) else value
     if accepts(tp, str) and raw is not None and not isinstance(value, str):
         return None if value is None and accepts(tp, type(None)) else raw.strip()
     return value
