@@ -87,11 +87,11 @@ def hostname() -> str:
     return socket.gethostname() or "unknown-host"
 
 
-def make_launch_id(host: str | None = None, pid: int | None = None) -> str:
+def make_launch_id() -> str:
     """`<UTC compact>-<host>-<pid>`: distinct per launch even on one host within one second."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    host = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in (host or hostname()))
-    return f"{stamp}-{host}-{pid or os.getpid()}"
+    host = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in hostname())
+    return f"{stamp}-{host}-{os.getpid()}"
 
 
 class RunLock:
