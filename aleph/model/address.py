@@ -13,22 +13,16 @@ from torch import nn
 
 
 def signed_address(u: torch.Tensor) -> torch.Tensor:
-    """w = sinh(u) / sum cosh(u) over the last axis, stable for any |u|.
-
-    Both sinh and cosh overflow for |u| > ~89 in fp32, so numerator and denominator are
-    divided by exp(m), m = max_k |u_k|: every exponent is then <= 0 and the largest term
-    of the denominator is >= 1/2, so nothing overflows or divides by ~0. m carries no
-    gradient in exact arithmetic (it cancels), so it is detached.
-    """
+    """w = sinh(u) / sum cosh(u) over the last axis, in float32, stable for any |u| (_signed)."""
     return _signed(u.float())[0]  # exp in bf16 would lose the small weights
 
 
 def _signed(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(w, c) for float u: w = sinh(u) / sum cosh(u), c = cosh(u) / sum cosh(u).
 
-    Numerator and denominator share one exp over (u, -u) shifted by m = max |u|; the
-    result is odd in u bit for bit (the shift and the pairwise sums do not change when u
-    flips sign)."""
+    sinh and cosh overflow for |u| > ~89 in fp32, so both share one exp over (u, -u) shifted
+    by m = max |u|: every exponent is <= 0 and the denominator >= 1/2. m cancels (no
+    gradient), so it is detached; the result is odd in u bit for bit."""
     both = torch.cat([u, -u], dim=-1)  # (..., 2K)
     m = both.amax(dim=-1, keepdim=True).detach()  # (..., 1) = max_k |u_k|
     pos, neg = torch.exp(both - m).split(u.shape[-1], dim=-1)  # (..., K) each
@@ -102,11 +96,8 @@ class Address(nn.Module):
         self.register_buffer("anchors_init", init.clone())
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """u = normalize(x) @ normalize(A).T / tau, in float32 even under autocast.
-
-        In bf16 a cosine carries ~3 significant digits, i.e. an error of ~0.04 in u at
-        tau 0.1; the K=3 dot products are negligible work, so they stay in float32.
-        """
+        """u = normalize(x) @ normalize(A).T / tau, in float32 even under autocast (in bf16 a
+        cosine has ~3 digits, an error of ~0.04 in u at tau 0.1, for negligible work)."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             a = F.normalize(self.anchors.float(), dim=-1)  # (K, D)
             x = F.normalize(x.float(), dim=-1)  # (..., D)
@@ -119,22 +110,16 @@ class Address(nn.Module):
 
     @torch.no_grad()
     def drift(self) -> torch.Tensor:
-        """Per anchor, 1 - cos(anchor, its initial value "home"): (K,), 0 at init, <= 2.
-
-        The cosine distance of the public E1-form bank's gauge (its drift_mean/drift_max
-        are the mean and max of this); an anchor's length never matters, only its direction.
-        """
+        """Per anchor, 1 - cos(anchor, its initial value "home"): (K,), 0 at init, <= 2; the
+        public E1-form bank's gauge (drift_mean/drift_max are its mean and max)."""
         a = F.normalize(self.anchors.float(), dim=-1)  # (K, D)
         home = F.normalize(self.anchors_init.float(), dim=-1)  # (K, D)
         return 1.0 - (a * home).sum(dim=-1)  # (K,)
 
     @torch.no_grad()
-    def max_abs_cos_tensor(self) -> torch.Tensor:
+    def max_abs_cos(self) -> torch.Tensor:
         """Largest |cos| between two different anchors (1 = two anchors collapsed), 0-d."""
         a = F.normalize(self.anchors.float(), dim=-1)  # (K, D)
         cos = (a @ a.T).abs()  # (K, K)
         cos.fill_diagonal_(0.0)
         return cos.max()
-
-    def max_abs_cos(self) -> float:
-        return float(self.max_abs_cos_tensor())

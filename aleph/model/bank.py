@@ -3,10 +3,7 @@
 Both are bias-free, so the bank is parameter-matched to the dense FFN exactly in its
 matrices: trunk d*ff*2 + K experts d*ff*2 = (1 + K) * 2*d*ff = 2*d*2048 for ff=512, K=3.
 Only the address (K*D anchors) and K gates are extra: 1,539 numbers per block at E1.
-
-Initialisation follows ModelConfig.init (aleph.model.config.INIT_SCHEMES): "e1_orthogonal"
-is the public E1-form bank's (orthogonal trunk and expert input matrices), "normal_0.02"
-this project's former BERT-style init. Either way expert w_out starts at zero.
+Initialisation: ModelConfig.init (aleph.model.config.INIT_SCHEMES).
 """
 
 from __future__ import annotations
@@ -24,11 +21,8 @@ _STD = 0.02  # scale of the "normal_0.02" scheme (BERT-style)
 
 @torch.no_grad()
 def init_matrix(weight: torch.Tensor, init: str) -> None:
-    """Initialise one 2-D weight in place by scheme: orthogonal or normal(0, 0.02).
-
-    Orthogonal means W W^T = I on the smaller side (orthonormal rows if W is wide,
-    orthonormal columns if it is tall), as `nn.init.orthogonal_` makes it.
-    """
+    """Initialise one 2-D weight in place by scheme: `nn.init.orthogonal_` (orthonormal rows
+    or columns, whichever side is smaller) or normal(0, 0.02)."""
     if init == "e1_orthogonal":
         nn.init.orthogonal_(weight)
     elif init == "normal_0.02":
@@ -85,10 +79,9 @@ class AnchoredBank(nn.Module):
         self.w_out = nn.Parameter(w_out)  # ((1+K)*ff, D)
         self.gates = nn.Parameter(torch.full((n_anchors,), float(gate_init)))  # (K,)
         self.dispatch = True
+        # Record health()'s address statistics in each forward (off on the trainer's steps
+        # that log no gauges; compiled, always recorded, so switching never recompiles).
         self.gauges = True
-        """Record the address statistics of health() in every forward (True), or not
-        (False: the trainer's steps that log no gauges; under torch.compile they are always
-        recorded, as fused kernels, so switching this never recompiles)."""
         # Summary of the last recorded forward's address, for health(): |w| mass on each of
         # the 2K half-axes (k+, k-), negative-weight count, token count. Updated in place
         # so torch.compile sees a buffer mutation, not a Python attribute write.
@@ -142,7 +135,7 @@ class AnchoredBank(nn.Module):
         drift = self.address.drift()  # (K,) 1 - cos(anchor, home)
         out["anchor_drift"] = drift.mean()
         out["anchor_drift_max"] = drift.max()
-        out["anchor_max_cos"] = self.address.max_abs_cos_tensor()
+        out["anchor_max_cos"] = self.address.max_abs_cos()
         # Usage is undefined before a forward with dispatch on (or all-zero weights): NaN.
         total = self._usage.sum()
         p = self._usage / total.clamp(min=1e-30)  # (2K,)

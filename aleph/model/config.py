@@ -21,24 +21,12 @@ _UNAVAILABLE_ARMS = {"splat": "not available (it is not public; the seed lists i
 
 Init = Literal["e1_orthogonal", "normal_0.02"]
 INIT_SCHEMES = get_args(Init)
-"""How the encoder's weights start (ModelConfig.init).
-
-- "e1_orthogonal" (the default): the anchored bank as the public "E1-form" bank of the
-  AlephLM line's successor code (AbstractEyes/alephllm, geolip/alephllm/model/bank.py at
-  5077e66): trunk w_in and w_out `nn.init.orthogonal_`, each expert's w_in[k] (a D x ff
-  slice) orthogonal on its own, expert w_out zero, gates `gate_init`. The E1 encoder's own
-  file and its dense control are not public; our choice for the rest: a2's two FFN matrices
-  are orthogonal as a1's trunk is, so a1 and a2 differ in the FFN's structure only, never
-  in how it starts; the attention qkv/out matrices and the output projection are
-  orthogonal as the successor's attention and head projections are; their biases start at
-  zero; the token and position embeddings stay normal(0, 0.02) (BERT's; the successor's
-  tables belong to a byte/BPE language model, and E1's are not public).
-- "normal_0.02": every matrix and embedding normal(0, 0.02), BERT-style, biases zero,
-  expert w_out zero, gates `gate_init`: the init of this project before the field existed,
-  drawn in the same order from the same RNG stream.
-Both schemes draw the anchors the same way: normalised Gaussian rows, with a frozen copy
-("home") that anchor drift is measured against.
-"""
+"""How the encoder's weights start (ModelConfig.init); aleph/train/README.md,
+"Initialisation", gives each scheme's source and our choices: "e1_orthogonal" (the
+default; the public E1-form bank's orthogonal init, and ours for a2's FFN, the attention
+and the projection) or "normal_0.02" (the former BERT-style init, drawn exactly as before).
+Embeddings are normal(0, 0.02), biases and expert w_out zero, anchors normalised Gaussian
+rows with a frozen "home" copy under either."""
 
 # A shape field's facts as a run config reads them (aleph.train.config.knob): the shape
 # defines what a run computes (basis) and cannot change between its launches.

@@ -173,13 +173,9 @@ def build_model(cfg: ModelConfig) -> AlephEncoder:
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:
-    """Parameter counts: `trainable`, and `total` = trainable + frozen anchors.
-
-    a3's anchors are a buffer (frozen) but are the same K x D numbers a1 learns, so
-    `total` counts them: that is the figure compared across arms (a1 == a3 exactly, both
-    within 0.1% of a2 at E1). The `anchors_init` copies and health buffers are not
-    parameters and are never counted.
-    """
+    """Parameter counts: `trainable`, and `total` = trainable + a3's frozen anchors (a buffer,
+    but the K x D numbers a1 learns): the figure compared across arms (a1 == a3 exactly,
+    both within 0.1% of a2 at E1). `anchors_init` and the health buffers never count."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     for name, buf in model.named_buffers():

@@ -19,20 +19,18 @@ CONFIG = "model_config.json"
 CONFIG_MAX_BYTES = 1 << 20  # a model config is ~20 fields; a pulled one may be anything
 
 
-def _plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The module's state dict as contiguous CPU tensors (the trainer compiles in place,
     `model.compile()`, so the keys carry no wrapper prefix)."""
     return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
 
 
 def save_weights(model: torch.nn.Module, out_dir: str | Path) -> Path:
-    """Write the weights and config of `model` (compiled in place or not) into `out_dir`.
-
-    The config is written last: a directory whose config is present has complete weights.
-    """
+    """Write the weights and config of `model` (compiled in place or not) into `out_dir`, the
+    config last: a directory whose config is present has complete weights."""
     out_dir = Path(out_dir)
     cfg: ModelConfig = model.config
-    blob = safetensors.torch.save(_plain_state_dict(model), metadata={"arm": cfg.arm})
+    blob = safetensors.torch.save(plain_state_dict(model), metadata={"arm": cfg.arm})
     atomic_write_bytes(out_dir / WEIGHTS, blob)
     atomic_write_json(out_dir / CONFIG, cfg.to_dict())
     return out_dir
@@ -60,13 +58,18 @@ def load_model(weights_dir: str | Path, device: str | torch.device = "cpu") -> A
         model = build_model(cfg).to(device)
     except ConfigError as e:  # a shape too large to allocate: name the file that asks for it
         raise ConfigError(f"{cfg_path}: {e}") from None
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
-    if missing or unexpected or bad:
-        raise StoreError(
-            f"{w_path}: does not match {cfg_path} (arm {cfg.arm}): missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}, wrong shape {bad[:5]}")
+    problem = state_mismatch(model.state_dict(), state, 5)
+    if problem:
+        raise StoreError(f"{w_path}: does not match {cfg_path} (arm {cfg.arm}): {problem}")
     model.load_state_dict(state, strict=True)
     return model
+
+
+def state_mismatch(expected: dict, state: dict, n: int) -> str | None:
+    """'missing [..], unexpected [..], wrong shape [..]' (the first `n` keys of each) when
+    `state` does not fit a module whose state dict is `expected`, else None."""
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    if missing or unexpected or bad:
+        return f"missing {missing[:n]}, unexpected {unexpected[:n]}, wrong shape {bad[:n]}"
+    return None

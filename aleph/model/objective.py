@@ -15,15 +15,11 @@ def distill_loss(student: torch.Tensor, target: torch.Tensor, tau: float = 0.07,
     """total = sum of weights[name] * term over the named terms (weights None: 1 each), with
     the terms returned (undetached, in this order: the trainer logs each as train/<name>).
 
-    student (B, D): the encoder's unit embeddings. target (B, D): the teacher targets
-    (fp16 on disk). Both are cast to float32 (the B x B logits are precision-sensitive
-    under bf16 autocast) and L2-normalised: the targets are unit by construction, but
-    fp16 storage moves norms by ~1e-3 and renormalising is idempotent on good data, so
-    the loss always measures direction, as the cos-to-target metric does.
-    nce: row i of student should pick target i among the batch and vice versa (mean of
-    both cross-entropies). mse: mean squared error over elements, i.e. each sample's
-    (2 - 2 cos) / D averaged over the batch (`F.mse_loss`). A new term is one line here
-    and its weight field `w_<name>` in TrainConfig.
+    student, target (B, D): cast to float32 (the B x B logits are precision-sensitive under
+    bf16) and L2-normalised (fp16 storage moves the targets' norms by ~1e-3), so the loss
+    measures direction, as the cos-to-target metric does. nce: row i of student picks
+    target i among the batch and vice versa (mean of both cross-entropies); mse: each
+    sample's (2 - 2 cos) / D, averaged. A new term is one line here and its weight field.
     """
     if student.ndim != 2 or student.shape != target.shape:
         raise ConfigError(

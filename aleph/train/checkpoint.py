@@ -1,31 +1,10 @@
-"""Resume state: written to a temporary directory, fsynced, renamed, COMPLETE marker last.
-
-A directory `checkpoints/step-NNNNNNNN/` counts only once `COMPLETE` exists in it, so a
-crash (or SIGKILL) mid-save leaves the previous complete state as the resume point. The
-newest `keep_checkpoints` (at least 2) complete states are kept; a save prunes to keep - 1
-before its own marker is written, so at most `keep` count at any instant. Contents:
-- `model.safetensors` the uncompiled model's weights;
-- `trainer.pt` optimiser and scheduler state dicts, RNG states of every rank (each
-  rank's own CUDA device only), tensors and plain values only: it loads with
-  `torch.load(weights_only=True)`, and anything needing another global is refused
-  (`load_trainer_state`);
-- `meta.json` format_version, step, samples seen, data position (epoch, batch index within
-  the epoch's permutation, which derives from (seed, epoch) so it is not stored), world
-  size, config hash;
-- `COMPLETE` (JSON, format_version 1) the step and the sha256 and size of each file above.
-Names, the marker and the link rules are `aleph.record.layout`'s (shared with sync).
-
-Resume (`find_resume`) verifies the newest complete state against its marker before using
-it (E1 shape: 647 MB, hashed in 0.55-0.8 s on a shared 2-core VM; see
-bench/bench_checkpoint_hash.py). A missing, unreadable, resized or changed file makes that
-state corrupt: it is renamed aside to `step-NNNNNNNN.corrupt-<UTC>` (kept for inspection,
-never deleted, no longer counted) and the previous complete state is tried; with none left
-the launch starts from step 0 and says so loudly. A marker or meta.json of another format
-version (or none) is refused in one line (exit 2), and nothing is set aside.
-
-Pruning leaves at most `keep` complete states at every instant: the oldest are removed
-before the new state's marker is written (and again at startup, for states left by an
-older trainer or a lowered keep_checkpoints).
+"""Resume states `checkpoints/step-NNNNNNNN/`: written to a temporary directory, fsynced,
+renamed, the COMPLETE marker (sha256 and size of each file) last; verified before a resume,
+set aside as `.corrupt-<UTC>` when damaged; pruned to `keep_checkpoints` at every instant.
+README.md "Resume and stop" has the contract. Files: `model.safetensors` (the uncompiled
+model), `trainer.pt` (optimiser, scheduler, every rank's RNG states: tensors and plain
+values only, `load_trainer_state`), `meta.json` (format_version, position,
+world size, config hash). Names, the marker and the link rules: `aleph.record.layout`.
 """
 
 from __future__ import annotations
@@ -35,7 +14,10 @@ import io
 import json
 import os
 import random
+import re
+import reprlib
 import shutil
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,10 +38,10 @@ from aleph._io import (
     sha256_file,
 )
 from aleph.errors import QuotaError, StoreError
+from aleph.model.io import plain_state_dict, state_mismatch
 from aleph.record import layout
 from aleph.record.layout import COMPLETE, CORRUPT_TAG, FORMAT_VERSION, RunLayout
 from aleph.train.optim import device_flags, restore_device_flags
-from aleph.train.trainer_state import load_trainer_state
 
 FILES = layout.STATE_FILES
 
@@ -69,13 +51,10 @@ class Position:
     """Where training stands: after `step` optimiser steps."""
 
     step: int
-    epoch: int
-    """Epoch of the next batch (0-based)."""
-    batch_in_epoch: int
-    """Index of the next global batch within epoch `epoch`'s permutation."""
+    epoch: int  # of the next batch (0-based)
+    batch_in_epoch: int  # the next global batch's index in epoch `epoch`'s permutation
     samples_seen: int
-    train_seconds: float = 0.0
-    """Wall seconds spent training over all launches up to this point."""
+    train_seconds: float = 0.0  # wall seconds spent training over all launches
 
 
 def stream_seed(seed: int, rank: int, step: int) -> int:
@@ -85,12 +64,8 @@ def stream_seed(seed: int, rank: int, step: int) -> int:
 
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     """Every RNG this process draws from: python, numpy, torch CPU, and on a CUDA `device`
-    that device's generator only (`cuda`: one ByteTensor, `cuda_device`: its index).
-
-    Only the rank's own device: a rank draws from no other, and a state holding every
-    visible GPU could not be restored where fewer are visible. Every value is a tensor or a
-    plain Python value, so the state loads with `torch.load(weights_only=True)`.
-    """
+    that device's generator only (a state of every visible GPU could not be restored where
+    fewer are visible). Tensors and plain values only: it loads with weights_only=True."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"python": random.getstate(),
              "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
@@ -102,21 +77,15 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     return state
 
 
-def _numpy_state(saved: dict) -> tuple:
-    """np.random.set_state's tuple from the saved numpy state (the dict above)."""
-    keys = saved["keys"].numpy().astype(np.uint32)
-    return saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached"]
-
-
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
                   derived_seed: int | None = None) -> str:
-    """Restore a rank's RNGs; returns how the CUDA generator was set ("" off CUDA).
-
-    On a CUDA `device` whose state was not saved (a CPU-saved state), the generator is seeded with `derived_seed` (stream_seed of
-    seed, rank, step): left at the config seed, every rank would draw the same dropout masks.
-    """
+    """Restore a rank's RNGs; returns how the CUDA generator was set ("" off CUDA). A CPU-saved
+    state on CUDA seeds it with `derived_seed` (stream_seed of seed, rank, step): left at the
+    config seed, every rank would draw the same dropout masks."""
     random.setstate(state["python"])
-    np.random.set_state(_numpy_state(state["numpy"]))
+    saved = state["numpy"]  # as rng_state stores it, back to np.random's tuple
+    np.random.set_state((saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["pos"],
+                         saved["has_gauss"], saved["cached"]))
     torch.set_rng_state(state["torch"])
     if device is None or device.type != "cuda":
         return ""
@@ -135,30 +104,22 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
 def latest(run_dir: Path) -> tuple[Path, dict] | None:
     """The newest complete checkpoint and its meta, or None (not verified: see find_resume)."""
     done = RunLayout(run_dir).complete_states()
-    if not done:
-        return None
-    path = done[-1]
-    return path, read_json(path / "meta.json")
+    return (done[-1], read_json(done[-1] / "meta.json")) if done else None
 
 
 def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Position,
          rng_states: list[dict], config_sha256: str, keep: int) -> Path:
-    """Write one complete resume state atomically, at most `keep` complete ones left. Rank 0 only.
-
-    The files are serialised in memory first, so their size is known: too little free disk
-    space is a QuotaError (the file, bytes needed vs free) before anything is written, and
-    running out of room mid-write is one too (naming the file); either way the previous
-    complete states are untouched.
-    """
+    """Write one complete resume state atomically, at most `keep` complete ones left (rank 0).
+    Serialised in memory first: too little disk is a QuotaError naming the file and bytes
+    before anything is written (or mid-write), and the previous states stay untouched."""
     final = RunLayout(run_dir).state_dir(pos.step)
     tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     trainer = io.BytesIO()
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": rng_states}, trainer)
     meta = {"format_version": FORMAT_VERSION, "world_size": len(rng_states),
             "config_sha256": config_sha256, **dataclasses.asdict(pos)}
-    blobs = {"model.safetensors": safetensors.torch.save(weights),
+    blobs = {"model.safetensors": safetensors.torch.save(plain_state_dict(model)),
              "trainer.pt": trainer.getbuffer(),
              "meta.json": (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()}
     need = sum(len(b) for b in blobs.values())
@@ -183,16 +144,13 @@ def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Posit
         fault_point("before-complete", pos.step)
         current = final / COMPLETE
         layout.write_marker(final, pos.step, files)  # last: the state now counts
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno in DISK_FULL_ERRNOS:
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
             said = e.strerror or ""  # the writers already name the file and the bytes
             msg = said if str(current) in said else disk_full_message(current, e, need)
             raise QuotaError(f"{msg}; the previous resume state is intact: free space and "
                              "relaunch") from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise
     fault_point("after-complete", pos.step)
     return final
@@ -208,13 +166,9 @@ def prune(run_dir: Path, keep: int) -> list[str]:
 
 
 def remove_incomplete(run_dir: Path, log=None) -> list[str]:
-    """Delete leftovers of killed saves; returns their names. Call under the run lock.
-
-    Only what `save` itself writes is removed: a real directory `step-NNNNNNNN` without its
-    COMPLETE marker, and `step-NNNNNNNN.tmp-<pid>`. Anything else there (a user's
-    `best-by-hand/`, `step-00000128.bak/`, a link, a state set aside as corrupt) is left
-    alone, and named through `log` when one is given.
-    """
+    """Delete leftovers of killed saves (a real `step-NNNNNNNN` without COMPLETE, a
+    `step-NNNNNNNN.tmp-<pid>`); returns their names. Call under the run lock. Anything else
+    (a user's `best-by-hand/`, a link, a corrupt state set aside) is left alone and named."""
     run = RunLayout(run_dir)
     removed, alone = [], []
     if not run.checkpoints.is_dir():
@@ -236,10 +190,6 @@ def remove_incomplete(run_dir: Path, log=None) -> list[str]:
 
 # --- verification -------------------------------------------------------------------------
 
-def _why(e: OSError) -> str:
-    return e.strerror or type(e).__name__
-
-
 def verify_state(path: Path) -> str | None:
     """What is wrong with a complete state against its COMPLETE marker (naming the file), or
     None when intact; a marker of another format version raises (layout.read_marker)."""
@@ -258,16 +208,13 @@ def verify_state(path: Path) -> str | None:
 def _check_file(path: Path, rec: dict) -> str | None:
     try:
         size = path.stat().st_size
+        digest = sha256_file(path) if size == rec["size"] else ""
     except FileNotFoundError:
         return f"missing (the {COMPLETE} marker lists it)"
     except OSError as e:
-        return f"unreadable ({_why(e)})"
+        return f"unreadable ({e.strerror or type(e).__name__})"
     if size != rec["size"]:
         return f"{size:,} B, the {COMPLETE} marker records {rec['size']:,} B (truncated or overwritten)"
-    try:
-        digest = sha256_file(path)
-    except OSError as e:
-        return f"unreadable ({_why(e)})"
     if digest != rec["sha256"]:
         return (f"sha256 {digest[:16]}..., the {COMPLETE} marker records {rec['sha256'][:16]}... "
                 "(contents changed after the save)")
@@ -288,11 +235,8 @@ def set_aside(path: Path) -> Path:
 
 
 def find_resume(run_dir: Path, log) -> tuple[Path, dict] | None:
-    """The newest intact complete state and its meta, or None; corrupt ones are set aside.
-
-    Logs one line per corrupt state (the file and what is wrong with it) and a loud line
-    when states existed but none is intact.
-    """
+    """The newest intact complete state and its meta, or None; each corrupt one is set aside
+    with a line naming the file, and a loud line when none is intact."""
     run_dir = Path(run_dir)
     aside = []
     for path in reversed(RunLayout(run_dir).complete_states()):
@@ -317,18 +261,75 @@ def load(path: Path, model: torch.nn.Module, optimizer,
     meta = layout.check_version(path / "meta.json", read_json(path / "meta.json"))
     trainer = load_trainer_state(path)  # before anything is changed in the model
     state = safetensors.torch.load_file(str(path / "model.safetensors"))
-    expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
-    if missing or unexpected or bad:  # e.g. weights of another layout of the model
+    problem = state_mismatch(model.state_dict(), state, 3)  # e.g. another layout of the model
+    if problem:
         raise StoreError(f"{path / 'model.safetensors'}: does not match the model this config "
-                         f"builds: missing {missing[:3]}, unexpected {unexpected[:3]}, wrong "
-                         f"shape {bad[:3]}")
+                         f"builds: {problem}")
     model.load_state_dict(state, strict=True)
     built = device_flags(optimizer)
     optimizer.load_state_dict(trainer["optimizer"])
     restore_device_flags(optimizer, built)  # the fused kernel follows the device, not the state
     scheduler.load_state_dict(trainer["scheduler"])
-    fields = ("step", "epoch", "batch_in_epoch", "samples_seen", "train_seconds")
-    pos = Position(**{k: meta[k] for k in fields})
+    pos = Position(**{f.name: meta[f.name] for f in dataclasses.fields(Position)})
     return pos, trainer["rng"], meta
+
+
+# --- trainer.pt: tensors and plain values only, through torch's weights-only unpickler ---
+
+def _refuse(file: Path, why: str) -> StoreError:
+    return StoreError(f"{file}: refused as a resume state: {why}; a resume state holds only "
+                      "tensors and plain values, and nothing else in it is ever run or "
+                      "built (delete this checkpoint directory to resume from the one before)")
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 160
+
+
+def _unpickle_error(e: Exception) -> str:
+    """What torch's weights-only refusal names (`Unsupported global: GLOBAL posix.system`),
+    without its advice to load with weights_only=False."""
+    text = str(e)
+    said = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|\n|$)", text)
+    line = said.group(1) if said else (text.strip().splitlines() or [type(e).__name__])[0]
+    return _SHORT.repr(line.strip())[1:-1]
+
+
+def load_trainer_state(path: Path) -> dict:
+    """trainer.pt of a complete state through torch's weights-only unpickler: anything but
+    tensors, plain containers and numbers is refused in one line naming the file (a pulled
+    run's checksums prove nothing about what the file would execute)."""
+    file = Path(path) / "trainer.pt"
+    st = os.lstat(file)
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(file, "not a regular file")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError for a forbidden global; RuntimeError for a bad zip
+        raise _refuse(file, _unpickle_error(e)) from None
+    problem = _state_problem(state)
+    if problem:
+        raise _refuse(file, problem)
+    return state
+
+
+def _state_problem(state) -> str | None:
+    """What is wrong with the shape of a loaded trainer state, or None."""
+    if not isinstance(state, dict) or not {"optimizer", "scheduler", "rng"} <= set(state):
+        return "expected a dict with optimizer, scheduler and rng"
+    if not isinstance(state["rng"], list) or not state["rng"]:
+        return "rng: expected a list of per-rank RNG states"
+    for rank, rng in enumerate(state["rng"]):
+        if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
+            return f"rng[{rank}]: expected python, numpy and torch generator states"
+        saved = rng["numpy"]
+        if not (isinstance(saved, dict) and isinstance(saved.get("keys"), torch.Tensor)
+                and tuple(saved["keys"].shape) == (624,)):
+            return f"rng[{rank}].numpy: expected the MT19937 state (624 keys)"
+        if not isinstance(rng["torch"], torch.Tensor):
+            return f"rng[{rank}].torch: expected a ByteTensor"
+        if "cuda" in rng and not isinstance(rng["cuda"], torch.Tensor):
+            return f"rng[{rank}].cuda: expected one ByteTensor (the rank's own device)"
+    return None
+
+

@@ -1,9 +1,8 @@
 """`aleph train` from its parsed arguments: the executed-code tracer, then one launch.
 
-The tracer starts before the config is resolved, and this module imports the trainer
-only once it runs, so the launch's executed-code record (aleph.record.fingerprint) holds
-the module code of every aleph module the launch imports; the third-party libraries are
-imported first, untraced (their import is not ours).
+The tracer starts before the config is resolved and the trainer is imported only then, so
+the executed-code record holds every aleph module the launch imports (third-party ones are
+imported first, untraced).
 """
 
 from __future__ import annotations
@@ -45,13 +44,10 @@ def train_command(preset: str, config: str | None, overrides: list[str], arm: st
         tracer.close_window()
 
 
-
 def _recorded(preset: str, arm: str, seed: int | None, name: str | None) -> dict | None:
-    """The config.json fields of the run this command names, when the command sets no field
-    (no --set, no --config): a relaunch with only --arm/--seed/--preset resumes the run as
-    it was made, overrides included, instead of failing on the preset's empty captions or
-    refusing a changed config. Secret fields are never recorded: they come from the
-    environment as on the first launch. None when the run has no config.json yet."""
+    """The config.json fields (secrets aside) of the run this command names, when it sets no
+    field: a relaunch with only --arm/--seed/--preset resumes the run as it was made,
+    overrides included. None when the run has no config.json yet."""
     from aleph._io import RUNS_DIR, read_json, work_root
     from aleph.record.layout import RunLayout, check_version
     from aleph.train.config import PRESETS, SECRET_FIELDS

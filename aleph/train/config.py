@@ -1,9 +1,6 @@
-"""The training config: one frozen, typed dataclass, two presets, file and key=value overrides.
-
-Resolution order: preset defaults, then a config file (JSON or YAML, a flat mapping of
-field names), then `--set key=value` overrides, then `--arm`/`--seed`. An unknown key, a
-value of the wrong type, or a bad combination raises ConfigError naming the field before
-any work starts. The resolved config is written to the run directory before step 0.
+"""The training config: one frozen, typed dataclass, two presets, file and key=value overrides,
+resolved in that order (then `--arm`/`--seed`); a bad key, type or combination is a
+ConfigError naming the field before any work starts.
 """
 
 from __future__ import annotations
@@ -34,9 +31,7 @@ def knob(default: Any, *checks: Rule, resumable: bool, basis: bool, secret: bool
     secret: never written to a file, log or echo;
     term: the field is the weight of this term of the objective (aleph.model.objective)."""
     facts = {"resumable": resumable, "basis": basis, "secret": secret, "checks": checks}
-    if term is not None:
-        facts["term"] = term
-    return field(default=default, metadata=facts)
+    return field(default=default, metadata=facts if term is None else {**facts, "term": term})
 
 
 # ModelConfig fields TrainConfig does not carry: they come from the data (or, arm, from above).
@@ -44,8 +39,7 @@ MODEL_FIELDS_FROM_DATA = ("vocab_size", "pad_id", "out_dim")
 
 SOME_TERM = rule(lambda v, c: any(w > 0 for w in loss_weights(c).values()),
                  lambda c: " or ".join(f.name for f in fields(c) if "term" in f.metadata)
-                 + " > 0 (all are 0: nothing to train)")
-"""The rule every loss weight declares (with AT_LEAST_0): not all of them 0."""
+                 + " > 0 (all are 0: nothing to train)")  # declared by every loss weight
 
 
 @dataclass(frozen=True)
@@ -59,9 +53,8 @@ class TrainConfig(ModelShape):
     seed: int = knob(0, AT_LEAST_0, resumable=False, basis=False)
     """Seed of the model init, the data order (permutation of epoch e derives from (seed, e)) and dropout."""
     preset: str = knob("e1", resumable=False, basis=True)
-    """Name of the preset the config started from. It names the run directory (e1 runs are
-    runs/<arm>-s<seed>, any other preset's runs/<preset>/<arm>-s<seed>) and, for e1, makes
-    768-wide targets required unless target_dim says otherwise."""
+    """Name of the preset the config started from: it names the run directory (README.md) and,
+    for e1, requires 768-wide targets unless target_dim says otherwise."""
 
     # --- data -----------------------------------------------------------------------
     smoke_data: bool = knob(False, resumable=False, basis=True)
@@ -88,23 +81,19 @@ class TrainConfig(ModelShape):
     """Target store: 'auto' lets the store's quota planner choose (choice and reason are logged),
     or force 'streaming' (memmap) or 'in_ram'."""
     store_headroom_gib: float = knob(16.0, AT_LEAST_0, resumable=True, basis=False)
-    """Memory the target store planner keeps free beside the store for the rest of the process
-    (CUDA context, model and optimiser host copies, token store, interpreter), in GiB: an
-    implementation is allowed when its predicted peak <= memory limit - headroom. Capped at a
-    quarter of the memory limit (aleph/targets/plan.py), which binds only below 64 GiB."""
+    """Memory the target store planner keeps free beside the store for the rest of the process,
+    in GiB: an implementation is allowed when its predicted peak <= memory limit - headroom
+    (capped at a quarter of the limit, aleph/targets/plan.py)."""
     store_override: bool = knob(False, resumable=True, basis=False)
-    """Build the store_implementation given (streaming or in_ram) even when the quota planner
-    refuses it, e.g. to replay the seed's a1 in-RAM store inside the full envelope; the
-    override and the plan's reason are logged. Without it such a launch exits 2."""
+    """Build the store_implementation given even when the quota planner refuses it (e.g. the
+    seed's a1 in-RAM store), logged with the plan's reason; without it such a launch exits 2."""
     allow_input_change: bool = knob(False, resumable=True, basis=False)
     """Let a resumed launch continue although its target or token store's content differs from
-    what the run trained on so far (refused by default, naming both content hashes). The change
-    is logged and recorded in this launch's manifest.json entry (input_change_allowed)."""
+    what the run trained on so far (logged, recorded as input_change_allowed)."""
     allow_misaligned: bool = knob(False, resumable=True, basis=False)
     """Train an e1 run although the preflight's alignment check (`aleph data check-align` on a
-    sample) finds that caption row i does not pair with target row i (refused by default,
-    with the figures); the figures are recorded in the launch's manifest.json entry
-    (misalignment_allowed)."""
+    sample) finds caption row i does not pair with target row i (recorded as
+    misalignment_allowed)."""
 
     # --- objective ------------------------------------------------------------------
     tau: float = knob(0.07, POSITIVE, resumable=False, basis=True)
@@ -178,20 +167,17 @@ class TrainConfig(ModelShape):
     progress_every_seconds: float = knob(30.0, POSITIVE, resumable=True, basis=False)
     """Console progress/ETA line cadence."""
     defer_step_sync: bool = knob(False, resumable=True, basis=False)
-    """CUDA (fused AdamW): read each step's loss and gradient norm during the next step
-    instead of before its own update, so the GPU queue never drains; a non-finite step is
-    skipped on the device and raised before the next update. Same values either way. Off
-    until bench/gpu_check.py's `deferred sync` item shows it faster on the GPU; no effect on
-    CPU (the single-tensor AdamW there has no device-side skip)."""
+    """CUDA (fused AdamW): read each step's loss and gradient norm during the next step, so the
+    GPU queue never drains (README.md, "The step's one host sync"); no effect on CPU. Off
+    until bench/gpu_check.py's `deferred sync` item shows it faster."""
     collective_timeout_s: float = knob(600.0, rule(  # heartbeats every timeout/4, <= 5 s
         lambda v, c: v >= 1, "a number of seconds >= 1"), resumable=True, basis=False)
     """Under torchrun: a collective that waits longer than this fails, naming the rank that
     stopped answering (by its heartbeat in the c10d store). Rank 0's long one-off work
     (store builds, resume-state saves) is waited for by polling, so it never trips this."""
     heartbeat_seconds: float = knob(5.0, POSITIVE, resumable=True, basis=False)
-    """Rewrite launches/<launch id>.heartbeat.json (step, RSS, memory cgroup usage, limit and
-    OOM-kill counter) every this many seconds, so the next launch can say how a launch that
-    vanished ended (e.g. "likely killed by the cgroup OOM killer at X of Y bytes")."""
+    """Rewrite launches/<launch id>.heartbeat.json (step, RSS, memory cgroup) every this many
+    seconds, so the next launch can say how a launch that vanished ended."""
 
     # --- off-box sync (aleph.sync) -------------------------------------------------------
     sync_to: str = knob("", rule(lambda v, c: not (v and check_spec(v)),
@@ -202,8 +188,7 @@ class TrainConfig(ModelShape):
     bucket, NFS share, second disk). `aleph runs pull` restores the run elsewhere."""
     sync_every_minutes: float = knob(30.0, AT_LEAST_0, resumable=True, basis=False)
     """Least minutes between two syncs while training, each after a complete resume state
-    (0 = after every one); a final sync comes at the end and at a stop. A lost VM loses at
-    most this much training, rounded up to the next resume state."""
+    (0 = after every one); a final sync comes at the end and at a stop."""
 
     # --- the encoder's shape: ModelShape's fields; only dropout's default differs ----
     dropout: float = field(default=0.1, metadata=ModelShape.__dataclass_fields__["dropout"].metadata)
@@ -298,14 +283,9 @@ def model_config(cfg: TrainConfig, vocab_size: int, pad_id: int, out_dim: int = 
 
 def to_dict(cfg: TrainConfig, redact: bool = True) -> dict[str, Any]:
     """JSON-able dict of the config; secrets replaced by a marker unless redact=False."""
-    d = dataclasses.asdict(cfg)
-    for k, v in d.items():
-        if isinstance(v, tuple):
-            d[k] = list(v)
+    d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
     if redact:
-        for name in SECRET_FIELDS:
-            if d.get(name):
-                d[name] = REDACTED
+        d.update({name: REDACTED for name in SECRET_FIELDS if d.get(name)})
     return d
 
 
@@ -332,8 +312,8 @@ def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
     now = to_dict(cfg)
     diff = sorted(k for k in set(saved) | set(now)
                   if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
+    detail = "; ".join(f"{k}: run has {saved.get(k)!r}, launch asks {now.get(k)!r}" for k in diff)
     if diff:
-        detail = "; ".join(f"{k}: run has {saved.get(k)!r}, launch asks {now.get(k)!r}" for k in diff)
         raise ConfigError(f"this run directory was started with a different config ({detail}); "
                           "use another --seed/arm or remove the run directory")
 

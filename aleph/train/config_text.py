@@ -20,10 +20,8 @@ CONFIG_MAX_BYTES = 1 << 20  # a config is a flat mapping of ~60 fields: a few Ki
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a flat JSON or YAML mapping of field names; errors name the file.
-
-    The file must be a regular file of at most CONFIG_MAX_BYTES; YAML aliases are refused.
-    """
+    """Read a flat JSON or YAML mapping of field names from a regular file of at most
+    CONFIG_MAX_BYTES (YAML aliases refused); errors name the file."""
     path = Path(path)
     try:
         text = read_bounded(path, CONFIG_MAX_BYTES).decode("utf-8")
@@ -59,19 +57,10 @@ def _yaml_where(e: Exception) -> str:
 _NUMBER = re.compile(r"[+-]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 
-def _as_float(value: Any) -> Any:
-    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        return float(value.strip().replace("_", ""))
-    return value
-
-
 def coerce(tp: Any, value: Any, raw: str | None = None) -> Any:
-    """`value` (parsed from YAML, or `raw` text of a --set) as the annotation `tp` declares it.
-
-    Float fields accept any decimal spelling ("1e-3" included); string fields keep the text
-    as written ("--set captions_column=2024" is the string "2024"); a tuple accepts
-    "0.9,0.98". Anything else is left for the type check to report, naming the field.
-    """
+    """`value` (parsed from YAML, or `raw` text of a --set) as the annotation `tp` declares it:
+    floats in any decimal spelling ("1e-3"), strings as written ("2024"), tuples as
+    "0.9,0.98"; anything else is left for the type check to report, naming the field."""
     if tp is None:  # an unknown field: reported by the caller
         return value
     if typing.get_origin(tp) is tuple:
@@ -84,7 +73,8 @@ def coerce(tp: Any, value: Any, raw: str | None = None) -> Any:
                     for i, v in enumerate(value)]
         return value
     if accepts(tp, float):
-        return _as_float(value)
+        text = value.strip() if isinstance(value, str) else ""
+        return float(text.replace("_", "")) if _NUMBER.fullmatch(text) else value
     if accepts(tp, str) and raw is not None and not isinstance(value, str):
         return None if value is None and accepts(tp, type(None)) else raw.strip()
     return value

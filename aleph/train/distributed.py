@@ -1,26 +1,31 @@
 """Rank/world abstraction over torch.distributed, so the trainer is written once.
 
-A single process is a world of size 1 and every collective is the identity. Under
-torchrun (RANK/WORLD_SIZE/LOCAL_RANK in the environment), or under srun with two or more
-tasks in the step (srun-native: aleph.train.srun), the process group is created with NCCL on
-CUDA and gloo on CPU. Rank 0 is the only writer of the run directory.
+A single process is a world of size 1 and every collective is the identity. Under torchrun
+(RANK/WORLD_SIZE/LOCAL_RANK), or srun with two or more tasks in the step (srun-native, below),
+the process group uses NCCL on CUDA, gloo on CPU. Rank 0 is the only writer of the run
+directory.
 
-Semantics of the global batch: `batch_size` is the number of rows per optimiser step
-over ALL ranks. Each rank encodes its contiguous slice of the step's global batch; the
-embeddings are all-gathered (with gradient) so the InfoNCE negatives and the loss are
-those of the global batch, identical on every rank. Gradients reaching a rank's own
-slice are summed over ranks by the gather's backward (W copies of the same loss), and
-DDP then averages over W ranks, so each parameter gets exactly d(global loss)/d(theta):
-the same update as one process with the whole batch, within float tolerance.
+`batch_size` is the GLOBAL batch: each rank encodes its contiguous slice and the embeddings
+are all-gathered with gradient, so the loss is the global batch's on every rank. The
+gather's backward sums the W copies of that loss's gradient into each rank's slice and DDP
+averages over W ranks: each parameter gets exactly d(global loss)/d(theta), the update of
+one process with the whole batch, within float tolerance.
+
+srun-native (docs/cluster.md): ranks from SLURM_PROCID/LOCALID/STEP_NUM_TASKS; the TCPStore
+on the step's first host, on the port the kernel gives rank 0, published under the shared
+work root (two jobs on one node never collide, as `base + jobid % N` does: catalyst #716).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import secrets
+import socket
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,27 +33,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aleph._io import atomic_write_text, work_root
 from aleph.errors import ConfigError, PeerLost
-from aleph.train import srun
-from aleph.train.peers import Peers
+from aleph.train.peers import Peers, first_line
+
+RDZV_DIR = "cache/rendezvous"  # under the work root: <job>.<step>.<restart>.port, rank 0's
 
 
 @dataclass(frozen=True)
 class World:
     """This process's place in the job."""
 
-    rank: int = 0
-    """Global rank; 0 is the only writer."""
+    rank: int = 0  # global rank; 0 is the only writer
     size: int = 1
-    """Number of processes (world size)."""
-    local_rank: int = 0
-    """Rank on this node (picks the CUDA device)."""
-    collective_device: str = "cpu"
-    """Where small control tensors live for collectives: NCCL only moves CUDA tensors."""
-    peers: Peers | None = field(default=None, compare=False, repr=False)
-    """Heartbeats and the polling barrier (None in a world of one)."""
-    port_file: Path | None = field(default=None, compare=False, repr=False)
-    """srun-native rank 0's published rendezvous port (removed at shutdown)."""
+    local_rank: int = 0  # rank on this node (picks the CUDA device)
+    collective_device: str = "cpu"  # of small control tensors: NCCL only moves CUDA tensors
+    peers: Peers | None = field(default=None, compare=False, repr=False)  # None in a world of 1
+    port_file: Path | None = field(default=None, compare=False, repr=False)  # srun rank 0's
 
     @property
     def is_main(self) -> bool:
@@ -97,9 +98,8 @@ class World:
         if not silent:
             return None
         names = ", ".join(f"rank {r} (no heartbeat for {s:.0f} s)" for r, s in silent)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         return (f"{names} stopped answering: a collective on rank {self.rank} failed after "
-                f"collective_timeout_s={self.peers.timeout_s:g} ({first})")
+                f"collective_timeout_s={self.peers.timeout_s:g} ({first_line(e)})")
 
     def broadcast_object(self, obj: Any = None) -> Any:
         """Rank 0's `obj` on every rank."""
@@ -184,12 +184,72 @@ def _env_int(name: str) -> int | None:
         raise ConfigError(f"environment variable {name}={value!r}: expected an integer") from None
 
 
+def srun_ranks() -> tuple[int, int, int] | None:
+    """(rank, local rank, world size) of an srun step of two or more tasks, else None. Keyed
+    on SLURM_STEP_NUM_TASKS, which srun sets for its own step only (the batch script of a
+    job with --ntasks=4 is not a world of four)."""
+    if os.environ.get("SLURM_STEP_NUM_TASKS") is None or os.environ.get("WORLD_SIZE"):
+        return None  # no srun step, or torchrun under srun: its own world
+    values = []
+    for name in ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID"):
+        raw = os.environ.get(name, "")
+        if not raw.isdigit():
+            raise ConfigError(f"environment variable {name}={raw!r}: expected an integer "
+                              "(set by srun for each task)")
+        values.append(int(raw))
+    size, rank, local = values
+    return None if size < 2 else (rank, local, size)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist: 'gpu[03-05,9],cpu1' -> 'gpu03' (zero padding kept)."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m or not m.group(1):
+        raise ConfigError(f"environment variable SLURM_STEP_NODELIST={nodelist!r}: expected a "
+                          "Slurm host list such as node[1-2]")
+    ranges = m.group(2)
+    return m.group(1) + ("" if ranges is None else ranges.split(",")[0].split("-")[0])
+
+
+def rendezvous_store(rank: int, size: int, timeout_s: float) -> tuple[dist.TCPStore, Path | None]:
+    """The TCPStore of this srun step: rank 0 hosts it on a kernel-chosen port and publishes
+    the port; the others wait for the file (at most timeout_s) and connect to the first host."""
+    env = os.environ.get
+    key = f"{env('SLURM_JOB_ID', 'nojob')}.{env('SLURM_STEP_ID', '0')}.{env('SLURM_RESTART_COUNT', '0')}"
+    path = work_root() / RDZV_DIR / f"{key}.port"
+    wait = timedelta(seconds=timeout_s)
+    if rank == 0:
+        store = dist.TCPStore("0.0.0.0", 0, size, is_master=True, timeout=wait,
+                              wait_for_workers=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, f"{store.port}\n")
+        return store, path
+    host = first_host(env("SLURM_STEP_NODELIST") or env("SLURM_JOB_NODELIST", ""))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            port = int(path.read_text().strip())
+            break
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise ConfigError(f"{path}: rank 0 did not publish its rendezvous port within "
+                                  f"collective_timeout_s={timeout_s:g}; every node must see the work "
+                                  f"root {work_root()} at the same path") from None
+            time.sleep(0.2)
+    try:
+        socket.getaddrinfo(host, port)
+    except OSError as e:
+        raise ConfigError(f"the step's first host {host!r} (SLURM_STEP_NODELIST) does not "
+                          f"resolve on this node: {e}") from None
+    return dist.TCPStore(host, port, size, is_master=False, timeout=wait), None
+
+
 def init_world(device_kind: str, timeout_s: float,
                in_thread: Callable[[], Any] | None = None) -> World:
     """World from torchrun's environment (size 1 without it); joins the process group, whose
     collectives time out after `timeout_s` (config field collective_timeout_s), and starts
     this rank's heartbeat thread (inside the context `in_thread()`: the code tracer)."""
-    by_srun = srun.srun_ranks()
+    by_srun = srun_ranks()
     if by_srun is not None:
         rank, local, size = by_srun
     else:
@@ -205,26 +265,20 @@ def init_world(device_kind: str, timeout_s: float,
         torch.cuda.set_device(local)
     # Short: a hung rank is found in minutes. Rank 0's long one-off work (a 49 GB store
     # build) is waited for in World.on_main's polling barrier, never in a collective.
-    timeout, port_file = timedelta(seconds=timeout_s), None
-    if by_srun is not None:
-        store, port_file = srun.rendezvous_store(rank, size, timeout_s)
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=size,
-                                timeout=timeout)
-    else:
-        dist.init_process_group(backend=backend, timeout=timeout)
+    store, port_file = rendezvous_store(rank, size, timeout_s) if by_srun else (None, None)
+    by_store = {} if store is None else {"store": store, "rank": rank, "world_size": size}
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **by_store)
     device = f"cuda:{local}" if device_kind == "cuda" else "cpu"
-    world = World(rank=rank, size=size, local_rank=local, collective_device=device)
+    world = World(rank=rank, size=size, local_rank=local, collective_device=device,
+                  port_file=port_file)
     try:
         # A prefix per launch: a store can outlive a restarted attempt's keys.
         prefix = f"aleph/{world.broadcast_object(secrets.token_hex(8))}/"
-        peers = Peers(dist.distributed_c10d._get_default_store(), prefix, rank, size,
-                      timeout_s, in_thread)
+        return replace(world, peers=Peers(
+            dist.distributed_c10d._get_default_store(), prefix, rank, size, timeout_s, in_thread))
     except BaseException:
-        dist.destroy_process_group()
-        srun.release(port_file)
+        world.shutdown()  # no peers yet: leaves the process group, removes the port file
         raise
-    return World(rank=rank, size=size, local_rank=local, collective_device=device, peers=peers,
-                 port_file=port_file)
 
 
 def check_divisible(batch_size: int, world: World) -> int:

@@ -1,9 +1,5 @@
-"""Run identity: the run lock, launch ids, per-launch console logs.
-
-The seed's a1-s1 console log was corrupted by a duplicate orchestrator that opened the
-same fixed log path with a truncating redirect. Here a run directory is guarded by an
-flock taken before anything else is written (a duplicate exits with RunLocked, touching
-nothing), and every launch appends to its own log, every line tagged with its launch id.
+"""Run identity: run names, the run lock (an flock taken before anything is written; a
+duplicate launch exits RunLocked touching nothing), launch ids, per-launch tagged logs.
 """
 
 from __future__ import annotations
@@ -31,10 +27,8 @@ _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def check_run_name(name: str, what: str = "--name") -> str:
-    """`name` if it is a safe run name relative to <work>/runs: one or two parts
-    (`exp1`, `smoke/a2_dense-s0`) of letters, digits, '.', '_', '-', not starting with '.'
-    (so no '..', no hidden or absolute path); two at most, because `aleph runs list` looks
-    one level down. ConfigError naming the value otherwise."""
+    """`name` if it is a safe run name relative to <work>/runs (one or two parts, as `aleph
+    runs list` looks one level down; no '..', hidden or absolute path), else ConfigError."""
     parts = name.split("/")
     if not 1 <= len(parts) <= 2 or not all(_NAME_PART.fullmatch(p) for p in parts):
         raise ConfigError(f"{what} {name!r}: expected a run name relative to <work root>/runs: "
@@ -93,19 +87,16 @@ def hostname() -> str:
     return socket.gethostname() or "unknown-host"
 
 
-def make_launch_id(host: str | None = None, pid: int | None = None) -> str:
+def make_launch_id() -> str:
     """`<UTC compact>-<host>-<pid>`: distinct per launch even on one host within one second."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    host = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in (host or hostname()))
-    return f"{stamp}-{host}-{pid or os.getpid()}"
+    host = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in hostname())
+    return f"{stamp}-{host}-{os.getpid()}"
 
 
 class RunLock:
-    """An exclusive, non-blocking flock on `<run_dir>/run.lock` holding pid/host/start.
-
-    The kernel drops the lock when the process dies (even by SIGKILL), so a stale lock file
-    never blocks a restart; its content is only a description of the live holder.
-    """
+    """An exclusive, non-blocking flock on `<run_dir>/run.lock` holding pid/host/start. The
+    kernel drops it when the process dies (even by SIGKILL): a stale file never blocks."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = RunLayout(run_dir).lock

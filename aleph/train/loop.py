@@ -32,12 +32,8 @@ from aleph.train.signals import PAUSE_ENV, StopFlag, pause_step
 from aleph.train.step import Steps, advance, deferring
 from aleph.train.trainer import Trainer
 
-# The executed-code tracer (aleph.record.fingerprint) covers the CLI, preflight and this
-# many steps, then only the loop's rare events (logging, saves, stop, the end).
-TRACED_STEPS = 2
-
-AGREE_EVERY_STEPS = 16
-"""Under DDP, steps between the ranks' agreements on stopping and on the timed save."""
+TRACED_STEPS = 2  # the executed-code tracer's first window ends after this many steps
+AGREE_EVERY_STEPS = 16  # under DDP, steps between the ranks' agreements on stop and timed save
 
 
 def train_loop(t: Trainer) -> tuple[str, str]:
@@ -73,8 +69,8 @@ def train_loop(t: Trainer) -> tuple[str, str]:
 
 
 class Between:
-    """What happens between two steps, outside the loop's body: gauges on logged steps, the
-    cadences, pause hook and stop, the executed-code tracer's window, the deferred read."""
+    """What happens between two steps: gauges on logged steps, the cadences, pause hook and
+    stop, the executed-code tracer's window, the deferred read."""
 
     def __init__(self, t: Trainer, steps: Steps, rep: Reporter,
                  batches: prefetch.Prefetcher) -> None:
@@ -141,16 +137,10 @@ class Clock:
 
 def after_step(t: Trainer, stop: StopFlag, clock: Clock, settle, logs: bool) -> tuple[bool, bool]:
     """Resume state and periodic weights on their cadences; returns (saved, stop requested).
-    `settle` (Steps.settle) runs first when anything is due: a step still in flight is read
-    (and reported) before a line reports it or a save or stop follows it, so a non-finite
-    one raises before anything holds it.
-
-    Ranks agree on the time-based save and on stopping (one tiny all-reduce), since the
-    clocks and the signal arrival differ per process and the save is a collective. Reading
-    the agreed flags is a host sync, so under DDP they are agreed every AGREE_EVERY_STEPS
-    steps (and at step-cadence saves, which sync anyway): a stop or a timed save comes at
-    most that many steps later (well under a second at E1's step times).
-    """
+    `settle` (Steps.settle) runs first when anything is due, so a non-finite step in flight
+    raises before anything reports or holds it. Ranks agree on the timed save and the stop
+    (clocks and signals differ per process; the save is a collective) in one all-reduce, a
+    host sync: under DDP every AGREE_EVERY_STEPS steps and at step-cadence saves."""
     cfg, step, last = t.cfg, t.pos.step, t.pos.step >= t.total_steps
     minutes_due = cfg.ckpt_every_minutes > 0 and clock.minutes_since_save() >= cfg.ckpt_every_minutes
     step_due = cfg.ckpt_every_steps > 0 and step % cfg.ckpt_every_steps == 0
@@ -203,8 +193,7 @@ def finish(t: Trainer, rep: Reporter | None) -> None:
 
 
 def close_trace_window(t: Trainer) -> None:
-    """End the traced window after the first steps and record what ran so far (rewritten
-    with the later rare events when the launch ends)."""
+    """End the first traced window and record what ran so far (rewritten at the end)."""
     t.tracer.close_window(f"from the CLI through step {t.pos.step}, then logging, resume "
                           "states, weights, stop and the end of the launch")
     if t.manifest is not None:

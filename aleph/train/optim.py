@@ -12,16 +12,10 @@ NO_DECAY_SUFFIXES = ("address.anchors",)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; matrices decay, vectors (norms, biases, gates) do not (as nanoGPT).
-
-    a1's anchors do not decay either: they are normalised before use, so decay would only
-    shrink their length and thereby speed up the drift of their direction, a push a3's
-    frozen anchors never get; a1 vs a3 must differ only in what the loss moves.
-
-    On CUDA the fused kernel (one launch for all parameters, step counters on the device,
-    no host read of them); on CPU the default single-tensor path, whose results the
-    bitwise resume tests pin (fused=True on CPU is a different kernel in torch 2.4).
-    """
+    """AdamW; matrices decay, vectors (norms, biases, gates) do not (as nanoGPT). Nor do
+    a1's anchors: normalised before use, decay would only shrink them and speed up their
+    drift, a push a3's frozen anchors never get. Fused on CUDA; on CPU the single-tensor
+    path the bitwise resume tests pin (fused on CPU is another kernel in torch 2.4)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decay = [p for n, p in named if p.ndim >= 2 and not n.endswith(NO_DECAY_SUFFIXES)]
     other = [p for n, p in named if p.ndim < 2 or n.endswith(NO_DECAY_SUFFIXES)]
@@ -45,8 +39,6 @@ def make_scheduler(opt, cfg: TrainConfig, total_steps: int):
     warmup = min(cfg.warmup_steps, total_steps)
     return torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, warmup, total_steps, cfg.min_lr_ratio))
-
-
 
 
 DEVICE_FLAGS = ("fused", "foreach", "capturable")

@@ -9,12 +9,9 @@ from aleph.train.distributed import World
 
 
 class DataOrder:
-    """Row order of every epoch: a permutation derived from (seed, epoch) only.
-
-    Because it is a pure function, the resume state needs only (epoch, batch index): the
-    permutation is recomputed, never stored. Each global batch is a contiguous slice of
-    the permutation; rank r takes the r-th contiguous part of that slice.
-    """
+    """Row order of every epoch: a permutation derived from (seed, epoch) only, so a resume
+    state stores (epoch, batch index), never the permutation. Each global batch is a
+    contiguous slice of it; rank r takes the r-th contiguous part of that slice."""
 
     def __init__(self, seed: int, rows: int, global_batch: int) -> None:
         self.seed, self.rows, self.global_batch = seed, rows, global_batch

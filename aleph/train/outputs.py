@@ -1,9 +1,8 @@
-"""What a run leaves behind (rank 0 only): manifest.json, metrics.json, TensorBoard events.
+"""What a run leaves behind (rank 0 only): manifest.json, the executed-code record, TensorBoard
+events (metrics.json: progress.py).
 
-Every JSON file is rewritten atomically, so a reader (or a crash) sees the old version or
-the new one. The manifest accumulates one entry per launch; an entry left 'running' by a
-launch that died without recording its end (SIGKILL, OOM kill) is marked 'lost' by the
-next launch, which can only start once the dead one's lock is gone.
+JSON files are rewritten atomically. The manifest holds one entry per launch; one left
+'running' by a launch that died (SIGKILL, OOM kill) is marked 'lost' by the next launch.
 """
 
 from __future__ import annotations
@@ -20,11 +19,8 @@ from aleph.train.identity import hostname, utc_now
 
 
 class Manifest:
-    """manifest.json of one run directory (the launch entry schema: aleph.record.launch).
-
-    Each launch writes only its own entry of `launches[]`. A manifest of another
-    format_version is refused in one line (aleph.record.layout.check_version).
-    """
+    """manifest.json of one run directory (entry schema: aleph.record.launch); each launch
+    writes only its own entry of `launches[]`; another format_version is refused."""
 
     def __init__(self, run_dir: Path, run_id: str, arm: str, seed: int) -> None:
         self.path = RunLayout(run_dir).manifest
@@ -84,23 +80,13 @@ class Manifest:
         self.launch.update(fields)
         self.write()
 
-    def record_executed(self, sidecar: str, rec: dict[str, Any]) -> None:
-        """Point this launch's code record at its executed-code file (launches/<id>.code.json)."""
-        self.launch["code"]["executed"] = {
-            "file": sidecar, "functions": rec["functions"], "window": rec["window"],
-            "traced_seconds": rec["traced_seconds"], "unavailable": rec["unavailable"]}
-        self.write()
-
     def set_store(self, store_info: dict[str, Any]) -> None:
         self.data["target_store"] = store_info
         self.write()
 
     def trained_inputs(self) -> dict[str, Any] | None:
-        """The stores the run trained on so far: {"from", "target_store", "token_store"}.
-
-        From the newest earlier launch that recorded `inputs` (written by `record_inputs`
-        once a launch's stores passed the resume check). None when nothing is recorded.
-        """
+        """The stores the run trained on so far, {"from", "target_store", "token_store"}: the
+        newest earlier launch's `inputs` (`record_inputs`), or None."""
         for launch in reversed(self.data["launches"][:-1]):
             inputs = launch.get("inputs")
             if isinstance(inputs, dict):
@@ -108,13 +94,9 @@ class Manifest:
         return None
 
     def record_inputs(self, inputs: dict[str, Any], allowed: dict[str, Any] | None = None) -> None:
-        """Record this launch's stores in its own launch entry (earlier launches keep theirs),
-        and, when a change was let through with allow_input_change, what changed."""
-        launch = self.data["launches"][-1]
-        launch["inputs"] = inputs
-        if allowed:
-            launch["input_change_allowed"] = allowed
-        self.write()
+        """This launch's stores in its own entry and, when allow_input_change let a change
+        through, what changed."""
+        self.record(inputs=inputs, **({"input_change_allowed": allowed} if allowed else {}))
 
     def end_launch(self, exit_status: int, status: str, note: str = "",
                    action: str | None = None, step_to: int | None = None) -> None:
@@ -124,10 +106,7 @@ class Manifest:
             raise ValueError(f"launch action {action!r}: expected one of {', '.join(ACTIONS)}")
         launch = self.launch
         launch.update({"end": utc_now(), "exit_status": exit_status, "status": status})
-        if note:
-            launch["note"] = note
-        if action is not None:
-            launch["action"] = action
+        launch.update({k: v for k, v in (("note", note), ("action", action)) if v})
         if step_to is not None:
             launch.setdefault("steps", {"from": None, "to": None})["to"] = step_to
         self.write()
@@ -147,35 +126,23 @@ def write_executed(manifest: Manifest, tracer, launch_id: str) -> None:
         atomic_write_json(path, rec)
     except OSError:  # the record is evidence, not a reason to fail the launch
         return
-    manifest.record_executed(rel, rec)
-
-
-def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
-    atomic_write_json(RunLayout(run_dir).metrics, {**metrics, "updated": utc_now()})
+    manifest.launch["code"]["executed"] = {
+        "file": rel, "functions": rec["functions"], "window": rec["window"],
+        "traced_seconds": rec["traced_seconds"], "unavailable": rec["unavailable"]}
+    manifest.write()
 
 
 class Scalars:
-    """TensorBoard writer; one event file per launch in tb/.
-
-    purge_step drops events a killed launch wrote after its last checkpoint, so resumed
-    curves have no duplicated steps. It is set on a fresh start too (first_step 1): a
-    launch killed before its first resume state leaves steps 1..k that the next launch,
-    starting over from step 0, writes again.
-    """
+    """TensorBoard writer; one event file per launch in tb/. `first_step` (resume step + 1,
+    so 1 on a fresh start too) is the purge step: events a killed launch wrote after its
+    last resume state are dropped, so the curves have no duplicated steps."""
 
     def __init__(self, run_dir: Path, first_step: int) -> None:
-        """`first_step`: the first step this launch writes (resume step + 1)."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self._w = SummaryWriter(log_dir=str(RunLayout(run_dir).tb),
-                                purge_step=first_step)
+        self._w = SummaryWriter(log_dir=str(RunLayout(run_dir).tb), purge_step=first_step)
+        self.flush, self.close = self._w.flush, self._w.close
 
     def write(self, step: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
             self._w.add_scalar(tag, value, step)
-
-    def flush(self) -> None:
-        self._w.flush()
-
-    def close(self) -> None:
-        self._w.close()

@@ -1,19 +1,13 @@
 """Which ranks are alive, through the c10d store: heartbeats, and a barrier that polls.
 
-The training collectives run under a short timeout (`collective_timeout_s`), so a rank that
-stops answering is found in minutes, not hours. Work that one rank does alone for a long
-time (rank 0's one-off store builds, a resume-state save) must not trip it: the others wait
-in `Peers.barrier`, which polls the store instead of blocking in a collective, logs how
-long it has waited, and gives up when a rank it waits for has left (it marks itself gone
-when it raises out of a barrier or shuts down) or has stopped beating for the timeout.
-
-Every rank's thread adds 1 to its counter `<prefix>hb/<rank>` every `beat_s` and notes
-when each other rank's counter last moved (on its own clock, so clocks of different nodes
-never meet). A rank judges others only while its own thread is current (a thread that
-could not reach the store, or a process that was itself stopped, blames nobody). Under
-torchrun the store is the elastic agent's (TORCHELASTIC_USE_AGENT_STORE), so it answers
-while a worker is stopped; elsewhere rank 0 hosts it. The prefix is chosen by rank 0 per
-launch, so keys of an earlier attempt in the same store are never read.
+Collectives run under a short timeout (`collective_timeout_s`); what rank 0 does alone for
+long (store builds, resume-state saves) the others wait for in `Peers.barrier`, which polls
+the store and gives up when a rank it waits for has left (marked itself gone) or stopped
+beating for the timeout. Each rank's thread adds 1 to `<prefix>hb/<rank>` every `beat_s`
+and notes, on its own clock, when each other counter last moved; it judges others only
+while its own view is current. Under torchrun the store is the elastic agent's, so it
+answers while a worker is stopped. The prefix is chosen per launch, so keys of an earlier
+attempt in the same store are never read.
 """
 
 from __future__ import annotations
@@ -46,7 +40,7 @@ def _own_client(store: dist.Store, timeout_s: float) -> dist.Store | None:
                          timeout=timedelta(seconds=timeout_s))
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
@@ -60,7 +54,8 @@ class Peers:
         self.beat_s = min(5.0, timeout_s / 4)
         self._store = store  # the main thread's calls (barrier keys)
         self._beat_store = _own_client(store, timeout_s)
-        self._lock = threading.Lock() if self._beat_store is None else None  # one shared client
+        # one client shared by both threads needs a lock; the thread's own client does not
+        self._lock = threading.Lock() if self._beat_store is None else contextlib.nullcontext()
         now = time.monotonic()
         self._seen = {r: (-1, now) for r in range(size) if r != rank}  # rank -> (count, when)
         self._round_at = now  # when this rank's thread last read every counter
@@ -70,9 +65,6 @@ class Peers:
         self._in_thread = in_thread  # a context: the executed-code tracer in the thread
         self._thread = threading.Thread(target=self._beat, name="aleph-peers", daemon=True)
         self._thread.start()
-
-    def _client(self) -> dist.Store:
-        return self._store if self._beat_store is None else self._beat_store
 
     def _beat(self) -> None:
         with self._in_thread() if self._in_thread is not None else contextlib.nullcontext():
@@ -84,27 +76,20 @@ class Peers:
                 self._round()
                 self._error = None
             except (RuntimeError, OSError) as e:  # retried: a new connection next round
-                self._error = _first_line(e)
-                try:
+                self._error = first_line(e)
+                with contextlib.suppress(RuntimeError, OSError):
                     self._beat_store = _own_client(self._store, self.timeout_s)
-                except (RuntimeError, OSError):
-                    pass
             self._stop.wait(self.beat_s)
 
     def _round(self) -> None:
-        store = self._client()
-        if self._lock is not None:
-            self._lock.acquire()
-        try:
+        store = self._store if self._beat_store is None else self._beat_store
+        with self._lock:
             store.add(f"{self.prefix}hb/{self.rank}", 1)
             now = time.monotonic()
             for r, (count, _) in list(self._seen.items()):
                 got = store.add(f"{self.prefix}hb/{r}", 0)  # a read that never blocks
                 if got != count:
                     self._seen[r] = (got, now)
-        finally:
-            if self._lock is not None:
-                self._lock.release()
         self._round_at = time.monotonic()
 
     def current(self) -> bool:
@@ -121,23 +106,16 @@ class Peers:
         quiet = [(r, now - when) for r, (_, when) in self._seen.items()]
         return [(r, s) for r, s in quiet if s > limit]
 
-    def gone(self, ranks: list[int]) -> list[int]:
-        """Which of `ranks` marked themselves gone (left a barrier by an exception, or shut down)."""
-        return [r for r in ranks if self._check(f"{self.prefix}gone/{r}")]
-
     def _check(self, key: str) -> bool:
-        if self._lock is None:
-            return self._store.check([key])
         with self._lock:
             return self._store.check([key])
 
     def barrier(self, what: str, log: Callable[[str], None]) -> None:
         """Wait, polling, until every rank has reached this barrier.
 
-        Logs after LOG_FIRST_S and then every LOG_EVERY_S which ranks it still waits for.
-        Raises PeerLost naming the rank when one has left or has not beaten for
-        `timeout_s`, or when this rank cannot reach the store for that long. Leaving by
-        any exception marks this rank gone, so the others stop waiting for it at once.
+        Logs which ranks it still waits for after LOG_FIRST_S, then every LOG_EVERY_S.
+        PeerLost names a rank that left or has not beaten for `timeout_s` (or this rank's
+        own loss of the store); leaving by any exception marks this rank gone.
         """
         self._seq += 1
         keys = [f"{self.prefix}at/{self._seq}/{r}" for r in range(self.size)]
@@ -148,7 +126,8 @@ class Peers:
             self._store.set(keys[self.rank], "1")
             while True:
                 missing = [r for r in others if not self._check(keys[r])]
-                left = self.gone(others)  # also after all arrived: a rank may leave right after
+                # also after all arrived: a rank may leave right after
+                left = [r for r in others if self._check(f"{self.prefix}gone/{r}")]
                 if left:
                     names = ", ".join(f"rank {r}" for r in left)
                     raise PeerLost(f"{names} left (stopped or failed) while rank {self.rank} "
@@ -167,7 +146,7 @@ class Peers:
         except dist.DistError as e:  # the store itself timed out or went away
             self.mark_gone()
             raise PeerLost(f"the rendezvous store stopped answering while rank {self.rank} "
-                           f"waited for {what}: {_first_line(e)}") from e
+                           f"waited for {what}: {first_line(e)}") from e
         except BaseException:
             self.mark_gone()
             raise
@@ -187,14 +166,8 @@ class Peers:
 
     def mark_gone(self) -> None:
         """Tell the others this rank waits in no further barrier (best effort)."""
-        try:
-            if self._lock is None:
-                self._store.set(f"{self.prefix}gone/{self.rank}", "1")
-            else:
-                with self._lock:
-                    self._store.set(f"{self.prefix}gone/{self.rank}", "1")
-        except (RuntimeError, OSError):
-            pass
+        with contextlib.suppress(RuntimeError, OSError), self._lock:
+            self._store.set(f"{self.prefix}gone/{self.rank}", "1")
 
     def close(self) -> None:
         self.mark_gone()

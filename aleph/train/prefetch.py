@@ -1,15 +1,11 @@
 """The next step's batch, gathered in a background thread while the current step runs.
 
-Token ids, masks and target rows are gathered on the host (a random-row gather from the
-token store and the target memmap) and then copied to the device. Done between steps on
-the main thread, that gather leaves the accelerator idle; here a single worker thread
-gathers step k+1 while step k computes (numpy's gathers and torch's kernels release the
-GIL), into page-locked memory on CUDA, so the non_blocking copies really are asynchronous.
-
-Resume stays exact: a batch is a pure function of its position (epoch, batch index) via
-DataOrder (order.py), and the worker draws from no random stream. A batch gathered ahead and never
-used (a kill, a stop after step k) is simply dropped; the resumed launch gathers the batch
-of its saved position, so no batch is used twice or skipped.
+The host-side gather (token store and target memmap, random rows) would leave the
+accelerator idle between steps; one worker gathers step k+1 while step k computes (numpy's
+gathers and torch's kernels release the GIL), into pinned memory on CUDA so the copies are
+asynchronous. A batch is a pure function of its position (DataOrder) and the worker draws
+from no random stream, so one gathered ahead and never used is simply dropped: resume stays
+exact.
 """
 
 from __future__ import annotations
@@ -26,10 +22,7 @@ from aleph.errors import StoreError
 from aleph.train.distributed import World
 from aleph.train.order import DataOrder
 
-# --- batch length under torch.compile: a few widths, so dynamo compiles a few graphs
-
-LENGTH_MULTIPLE = 16
-"""Compiled batches are padded to a multiple of this (at most max_len)."""
+LENGTH_MULTIPLE = 16  # compiled batches are padded to a multiple of this (at most max_len)
 
 
 def bucket_width(width: int, max_len: int) -> int:
@@ -41,13 +34,8 @@ def bucket_width(width: int, max_len: int) -> int:
 
 def fixed_length(ids: torch.Tensor, mask: torch.Tensor, length: int,
                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad a (B, L') batch to (B, length) with pad_id / False (L' <= length).
-
-    Used when the model is compiled, with length = bucket_width(L', max_len):
-    `TokenStore.gather` trims each batch to its longest row, and every new L' could make
-    dynamo recompile; a few bucket widths bound the shapes it sees. The padded slots are
-    masked out exactly like the store's own padding.
-    """
+    """Right-pad a (B, L') batch to (B, length) with pad_id / False (L' <= length): under
+    compile, bucket widths bound the shapes dynamo sees (every new L' could recompile)."""
     width = ids.shape[1]
     if width > length:
         raise ValueError(f"batch length {width} exceeds max_len {length}")
@@ -56,8 +44,6 @@ def fixed_length(ids: torch.Tensor, mask: torch.Tensor, length: int,
     extra = length - width
     return (torch.nn.functional.pad(ids, (0, extra), value=pad_id),
             torch.nn.functional.pad(mask, (0, extra), value=False))
-
-
 
 Batch = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]
 """(ids (b, L) long, mask (b, L) bool or None when no slot is padding, target (b, D))."""
@@ -75,14 +61,10 @@ class BatchSource:
         self.mapped = MappedFiles(tokens, targets)
 
     def host(self, epoch: int, batch: int) -> Batch:
-        """Rows of global batch `batch` of `epoch` for this rank; L is the batch's longest
-        row, rounded up to a multiple of 16 (at most max_len) when fixed_len.
-
-        Eager, a batch without padding gets no mask, so attention gets none and SDPA may
-        pick its flash kernel (the host tensor is read here, in the worker: no device sync).
-        Compiled, the mask stays: a second graph per bucket width would crowd dynamo's
-        cache of 8, for batches that are rare once padded to a bucket.
-        """
+        """Rows of global batch `batch` of `epoch` for this rank; L is the longest row (its
+        bucket_width when fixed_len). Eager, a batch without padding gets no mask, so SDPA
+        may pick its flash kernel (read here, in the worker: no device sync); compiled, the
+        mask stays (a second graph per bucket width would crowd dynamo's cache of 8)."""
         self.mapped.check(epoch, batch)
         idx = self.order.indices(epoch, batch, self.world)  # (B / W,)
         ids, mask = self.tokens.gather(idx)  # (b, L') each
@@ -102,16 +84,11 @@ class BatchSource:
 
 
 class MappedFiles:
-    """The store files the gathers read through a memory mapping, and the sizes they must keep.
-
-    Reading a mapped page that a truncation removed is a SIGBUS: the process dies with no
-    message (the launch is later marked 'lost', its log ends mid-run). So before each
-    gather, one stat per file (microseconds, in the worker) compares the size with the one
-    the store was verified at (the target store's manifest byte_length; the token store's
-    arrays as opened) and turns a change into a StoreError naming the store. A file
-    unlinked or replaced by a rename is not an error: the mapping keeps the old inode
-    whole. A truncation during the gather itself cannot be caught this way.
-    """
+    """The memory-mapped store files and the sizes they must keep: reading a page that a
+    truncation removed is a SIGBUS (the process dies with no message), so before each
+    gather one stat per file turns a changed size into a StoreError naming the store. An
+    unlinked or renamed-over file is fine (the mapping keeps the old inode); a truncation
+    during the gather itself cannot be caught this way."""
 
     def __init__(self, tokens, targets) -> None:
         what = f"token store {tokens.path}"
@@ -146,12 +123,8 @@ def _worker_device(device: torch.device) -> None:
 
 
 class Prefetcher:
-    """Hands out each step's device batch and starts gathering the next one at once.
-
-    `take(epoch, batch, step)` returns the batch of that position: the one gathered ahead
-    when it is for this position, else gathered now (the first step, or after a position
-    jump). Then, unless `step` is the last, the next position's gather starts in the worker.
-    """
+    """`take(epoch, batch, step)`: that position's device batch (the one gathered ahead when
+    it matches, else gathered now), then, unless `step` is the last, the next one's gather."""
 
     def __init__(self, source: BatchSource, total_steps: int) -> None:
         self.source, self.total_steps = source, total_steps
@@ -189,14 +162,9 @@ class Prefetcher:
 
 
 def warm_target_store(store, sources: list[str], headroom_bytes: int) -> str:
-    """Read a streaming target store into the page cache in the background when it fits.
-
-    The store build drops its pages, so the first epoch would read the memmap cold (a
-    random row gather from disk). It fits when the store is within the quota planner's
-    budget (aleph.targets.plan: the memory quota minus the headroom) or, with no memory
-    limit, within half of MemAvailable. POSIX_FADV_WILLNEED only schedules readahead; it
-    runs in a daemon thread so nothing waits for it. Returns the line to log.
-    """
+    """Read a streaming target store into the page cache in the background (the build drops
+    its pages, so the first epoch would gather from disk) when it fits the quota planner's
+    budget, or half of MemAvailable with no memory limit. Returns the line to log."""
     from aleph.targets import plan
 
     if store.implementation != "streaming":

@@ -1,12 +1,11 @@
 """Checks and preparation before the model is built: device, allocator cap, VRAM probe, stores.
 
-Each returns the one-line text the launch header prints, so the header is a witness of
-what was actually applied (the seed's a1 header line about a 14.3 GB cap belonged to a
-duplicate launch; here every launch prints its own).
+Each returns the line the launch header prints: a witness of what this launch applied.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -64,12 +63,9 @@ def apply_allocator_cap(cfg: TrainConfig, device: torch.device) -> str:
 
 
 def estimate_vram_bytes(cfg: TrainConfig, n_params: int, world_size: int) -> int:
-    """Rough need: fp32 weights + grads + 2 AdamW moments, plus activations of the local batch.
-
-    Activations: ~34 bytes per (token, width) per layer for a BERT block in bf16 with
-    attention (Korthikanti et al. 2022, no recompute), and the B x L x L attention scores.
-    Only a floor for the probe; set vram_required_gib to a measured value when known.
-    """
+    """A floor for the VRAM probe: fp32 weights + grads + 2 AdamW moments, plus activations
+    of the local batch (~34 B per token and width per layer for a bf16 BERT block, Korthikanti
+    et al. 2022, and the B x L x L attention scores)."""
     local_b = cfg.batch_size // max(world_size, 1)
     states = 16 * n_params
     act = cfg.n_layers * local_b * cfg.max_len * (34 * cfg.d_model + 5 * cfg.n_heads * cfg.max_len)
@@ -88,7 +84,7 @@ def vram_probe(cfg: TrainConfig, device: torch.device, required: int) -> str:
     verdict = "pass" if free >= required else "FAIL"
     line = (f"VRAM probe: {torch.cuda.get_device_name(device)}: required {required / GIB:.2f} GiB, "
             f"free {free / GIB:.2f} GiB (of {total / GIB:.1f}): {verdict}")
-    if verdict == "FAIL" and cfg.vram_probe:
+    if free < required and cfg.vram_probe:
         raise QuotaError(line + "; free the GPU, lower batch_size or set vram_probe=false")
     return line
 
@@ -98,7 +94,6 @@ def vram_probe(cfg: TrainConfig, device: torch.device, required: int) -> str:
 @dataclass
 class Sources:
     """Resolved data sources of a run."""
-
     captions: str
     targets: list[str]
     tokenizer: str
@@ -136,30 +131,17 @@ class Inputs:
     """What `check_inputs` found, handed to the launch so nothing is read twice."""
 
     sources: Sources
-    tokenizer: Any = None
-    """The loaded tokenizer (rank 0; other ranks load their own)."""
+    tokenizer: Any = None  # rank 0's; other ranks load their own
     captions_sha256: str | None = None
-    captions: Any = None
-    """The captions' source (`aleph.data.captions.CaptionSource`, read lazily) if they had to
-    be hashed (no memoised digest), for the token store build."""
-    misalignment_allowed: dict | None = None
-    """The alignment check's figures when allow_misaligned let a misaligned pairing through."""
+    captions: Any = None  # the CaptionSource if it had to be hashed, for the token store build
+    misalignment_allowed: dict | None = None  # the alignment figures allow_misaligned let through
 
 
 def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: None) -> Inputs:
-    """Data-level checks that run before the run directory is created (rank 0).
-
-    Captions exist and have rows, target chunks exist, are well-formed and as wide as the
-    config asks (768 for the e1 preset unless target_dim says otherwise), the tokenizer
-    loads, captions and targets have equal row counts. A failure raises DataError,
-    StoreError or ConfigError naming the input, and a refused launch leaves no trace in
-    runs/. Cheap on a resumed launch: the target row count comes from the cached store's
-    manifest (stat only) or the chunk headers, the caption count from the cached token
-    store found through the memoised captions hash, else the caption source's own count
-    (parquet footer, newline count): the captions are never held in memory. `say` gets one
-    line per check (and progress lines with counts and an ETA while the captions are
-    hashed), so a minute of checks on E1's 31.9M rows is never silent.
-    """
+    """The input checks of README.md "What a launch checks", before the run directory exists
+    (rank 0); a refusal names the input. Cheap on a resumed launch: row counts come from the
+    cached stores' manifests, else the sources' own counts (captions never held in memory).
+    `say` gets one line per check and progress lines while the captions are hashed."""
     from aleph.data.captions import check_row_counts, open_captions
     from aleph.data.tokenizer import load_tokenizer, tokenizer_fingerprint
     from aleph.data.tokens import open_token_store, token_store_dir
@@ -175,16 +157,12 @@ def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: Non
     load = functools.partial(open_captions, column=src.captions_column)  # streamed, never a list
     digest, captions = captions_digest(src.captions, load, src.captions_column, say)
     rows = None
-    if captions is None:
+    if captions is None:  # the cached token store's count, when there is one
         cached = token_store_dir(digest, tokenizer_fingerprint(tokenizer), cfg.max_len)
-        if cached.exists():
-            try:
-                rows = open_token_store(cached).rows
-            except StoreError:
-                rows = None  # prepare_tokens reports a broken store; count the captions here
-        if rows is None:
-            captions = load(src.captions)
-    if captions is not None:
+        with contextlib.suppress(StoreError):  # prepare_tokens reports a broken store
+            rows = open_token_store(cached).rows if cached.exists() else None
+    if rows is None:
+        captions = captions if captions is not None else load(src.captions)
         rows = captions.count_rows()  # parquet footer / newline count: captions not held
     if not rows:
         raise DataError(f"captions source {src.captions}: no rows; expected one caption per "
@@ -204,8 +182,8 @@ def check_inputs(cfg: TrainConfig, say: Callable[[str], None] = lambda line: Non
 
 
 def check_shape(cfg: TrainConfig, rows: int, vocab_size: int, pad_id: int, dim: int) -> None:
-    """What the loop and the model build would refuse, refused before the run directory
-    exists: a batch larger than the data, a model whose weights cannot fit in memory."""
+    """A batch larger than the data, or a model too big for memory, refused before the run
+    directory exists."""
     from aleph.env.hostinfo import meminfo_bytes
     from aleph.model.encoder import check_fits
     from aleph.train.config import model_config
@@ -229,10 +207,8 @@ def check_target_dim(cfg: TrainConfig, dim: int, paths: list[str]) -> None:
 
 @contextmanager
 def _timed(say: Callable[[str], None], what: str, tick: bool = True) -> Iterator[None]:
-    """'<what> ...' now, '<what>: still working (N s)' every TICK_SECONDS from a helper
-    thread (unless `tick` is off: the step reports its own counts), '<what>: done in N s'
-    at the end of one that took a while: a slow step says what it is doing, a quick one
-    adds a single line."""
+    """'<what> ...', then '<what>: still working (N s)' every TICK_SECONDS from a thread
+    (unless `tick` is off), and '<what>: done in N s' if it took 2 s or more."""
     t0, done = time.monotonic(), threading.Event()
 
     def still() -> None:
@@ -252,8 +228,8 @@ def _timed(say: Callable[[str], None], what: str, tick: bool = True) -> Iterator
 
 
 class RowProgress:
-    """Progress of a pass over `total` rows: a line with counts, share and ETA at most
-    every TICK_SECONDS (the first after TICK_SECONDS, so a quick pass prints none)."""
+    """Progress of a pass over `total` rows: counts, share and ETA at most every
+    TICK_SECONDS (a quick pass prints none)."""
 
     def __init__(self, say: Callable[[str], None], what: str, total: int | None) -> None:
         self.say, self.what, self.total = say, what, total
@@ -264,37 +240,30 @@ class RowProgress:
         if now - self.last < TICK_SECONDS:
             return
         self.last = now
-        elapsed = now - self.t0
-        if self.total:
-            eta = (self.total - done) * elapsed / max(done, 1)
-            self.say(f"{self.what}: {done:,} of {self.total:,} rows ({100 * done / self.total:.0f}%)"
-                     f", {elapsed:.0f} s, ETA {eta:.0f} s")
-        else:
-            self.say(f"{self.what}: {done:,} rows, {elapsed:.0f} s")
+        elapsed, total = now - self.t0, self.total
+        eta = f", ETA {(total - done) * elapsed / max(done, 1):.0f} s" if total else ""
+        share = f" of {total:,} rows ({100 * done / total:.0f}%)" if total else " rows"
+        self.say(f"{self.what}: {done:,}{share}, {elapsed:.0f} s{eta}")
 
 
 def _target_shape(paths: list[str]) -> tuple[int, int]:
-    """(rows, width) of the target chunks: from the cached store's manifest when it matches,
-    else from the chunk headers (which also checks every chunk is readable and well-formed)."""
+    """(rows, width) of the target chunks: the cached store's manifest when it matches, else
+    the chunk headers (checking every chunk is readable and well-formed)."""
     from aleph.targets import describe_sources, source_fingerprint, store_dir_for
     from aleph.targets.sources import source_stats
     from aleph.targets.store import load_manifest
 
-    fp = source_fingerprint(source_stats(paths))
-    try:
+    with contextlib.suppress(StoreError):
         manifest = load_manifest(store_dir_for(paths))
-        if manifest["source_fingerprint"] == fp:
+        if manifest["source_fingerprint"] == source_fingerprint(source_stats(paths)):
             return manifest["rows"], manifest["dim"]
-    except StoreError:
-        pass
     infos = describe_sources(paths)
     return sum(info.rows for info in infos), infos[0].dim
 
 
 def expand_targets(paths: tuple[str, ...]) -> list[str]:
-    """Files as given; a directory becomes its chunk files in row order, exactly as
-    `aleph targets build DIR` reads it (`aleph.targets.sources.chunk_files_in`), so both
-    build the same store and an ambiguous numbering is refused in both."""
+    """Files as given; a directory becomes its chunk files in row order, as `aleph targets
+    build DIR` reads it (`chunk_files_in`), so both build the same store."""
     from aleph.targets.sources import chunk_files_in
 
     out: list[str] = []
@@ -338,23 +307,18 @@ def prepare_targets(cfg: TrainConfig, sources: list[str], world: World, log) -> 
     log(f"target store: {impl} ({origin}): {p.reason}")
     store_dir = store_dir_for(sources)
     hit = cached_store(store_dir, source_fingerprint(source_stats(sources)), impl) is not None
-    if hit:
+    # a build reads every chunk once: minutes on E1's 66 chunks, so it reports while it works
+    building = _timed(log, f"target store: building {impl} from {len(sources)} chunk file(s) "
+                           f"into {store_dir}")
+    with contextlib.nullcontext() if hit else building:
         store = ensure_store(sources, implementation=impl, headroom_bytes=headroom, force=forced)
-    else:  # reads every chunk once: minutes on E1's 66 chunks, so it reports while it works
-        with _timed(log, f"target store: building {impl} from {len(sources)} chunk file(s) "
-                         f"into {store_dir}"):
-            store = ensure_store(sources, implementation=impl, headroom_bytes=headroom,
-                                 force=forced)
     log(f"target store: {'cache hit' if hit else 'built'} {store!r}")
     return store
 
 
 def captions_identity(source: str, column: str = "caption") -> dict[str, Any]:
-    """Cheap identity of a caption source: a file's path, size and mtime; else the dataset id.
-
-    Keys the memo of the captions' sha256 (see `captions_digest`), so a resumed launch does
-    not re-read 31.9M captions just to find its token store.
-    """
+    """Cheap identity of a caption source (a file's path, size and mtime; a shard directory's
+    shards; else the dataset id): the key of the captions' sha256 memo (`captions_digest`)."""
     path = Path(source)
     field = {} if column == "caption" else {"column": column}  # default keeps older memo keys
     if path.is_file():
@@ -373,14 +337,9 @@ CAPTIONS_MEMO_DIR = ("cache", "captions-sha256")
 
 def captions_digest(source: str, load, column: str = "caption",
                     say: Callable[[str], None] = lambda line: None) -> tuple[str, Any]:
-    """(sha256 of the captions as `aleph.data.tokens.captions_sha256` defines it, the captions
-    if they had to be read, else None).
-
-    The token-store cache is keyed by that content hash (`token_store_dir`, shared with
-    `aleph data tokens`). Hashing means reading every caption, so the digest is memoised
-    in <work>/cache/captions-sha256/<key>.json under the source's cheap identity (path,
-    size, mtime; or the dataset id): a changed file gets a new identity and is re-hashed.
-    """
+    """(the captions' sha256 as `aleph.data.tokens.captions_sha256` defines it, the captions
+    if they had to be read, else None). Hashing reads every caption, so the digest is
+    memoised in <work>/cache/captions-sha256/ under the source's `captions_identity`."""
     from aleph.data.captions import CaptionSource
     from aleph.data.tokens import captions_sha256
 
@@ -409,21 +368,15 @@ def captions_digest(source: str, load, column: str = "caption",
 
 def prepare_tokens(cfg: TrainConfig, src: Sources, tokenizer, log,
                    known: tuple[str, Any] | None = None) -> Any:
-    """Open the cached token store of (captions, tokenizer, max_len) or build it (rank 0).
-
-    The store directory is `aleph.data.tokens.token_store_dir` of the captions' content
-    hash, so `aleph data tokens` and training find each other's stores. `known`: the
-    (captions sha256, caption source or None) that `check_inputs` already found.
-    """
+    """Open the cached token store of (captions, tokenizer, max_len) or build it (rank 0),
+    under `token_store_dir` as `aleph data tokens` does. `known`: the (captions sha256,
+    caption source or None) that `check_inputs` already found."""
     from aleph.data.captions import open_captions
     from aleph.data.tokenizer import tokenizer_fingerprint
     from aleph.data.tokens import build_token_store, open_token_store, token_store_dir
 
     load = functools.partial(open_captions, column=src.captions_column)  # streamed, never a list
-    if known is not None:
-        digest, captions = known
-    else:
-        digest, captions = captions_digest(src.captions, load, src.captions_column)
+    digest, captions = known or captions_digest(src.captions, load, src.captions_column)
     fp = tokenizer_fingerprint(tokenizer)
     out = token_store_dir(digest, fp, cfg.max_len)
     if out.exists():

@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from aleph._io import atomic_write_json, read_json
 from aleph.record.layout import RunLayout
 from aleph.train import outputs
+from aleph.train.identity import utc_now
 from aleph.train.step import StepResult
 
 if TYPE_CHECKING:
@@ -14,17 +16,14 @@ if TYPE_CHECKING:
 
 
 class Reporter:
-    """Rank 0's TensorBoard scalars, metrics.json and console progress line. Every value of
-    a StepResult is written under its own name (train/<name>, metrics.json's `final`, the
-    progress line): a new loss term shows up in all three with no change here."""
+    """Rank 0's TensorBoard scalars, metrics.json and console progress line: every value of a
+    StepResult under its own name, so a new loss term shows up in all three."""
 
     def __init__(self, t: Trainer, start_step: int) -> None:
         self.t = t
         self.scalars = outputs.Scalars(t.run_dir, start_step + 1) if t.world.is_main else None
-        self.t0 = time.monotonic()
-        self.start_step = start_step
+        self.t0, self.start_step, self.last_progress = time.monotonic(), start_step, 0.0
         self.last_t, self.last_step = self.t0, start_step
-        self.last_progress = 0.0
         self.previous = read_metrics(t.run_dir) if t.world.is_main else {}
         self.first_loss = self.previous.get("first_loss")
         self.result: StepResult | None = None
@@ -34,10 +33,8 @@ class Reporter:
         if not self.t.world.is_main:
             return
         self.result, step = res, res.step
-        if self.first_loss is None:
-            self.first_loss = res.loss
-        cfg = self.t.cfg
-        now = time.monotonic()
+        self.first_loss = res.loss if self.first_loss is None else self.first_loss
+        cfg, now = self.t.cfg, time.monotonic()
         if step % cfg.log_every_steps == 0 or step == self.t.total_steps:
             rate = (step - self.last_step) * cfg.batch_size / max(now - self.last_t, 1e-9)
             values = {f"train/{k}": v for k, v in res.values.items()}
@@ -66,14 +63,14 @@ class Reporter:
         t, res = self.t, self.result
         launch_s = time.monotonic() - self.t0
         done = (step - self.start_step) * t.cfg.batch_size
-        outputs.write_metrics(t.run_dir, {
+        atomic_write_json(RunLayout(t.run_dir).metrics, {
             "run_id": t.run_dir.name, "step": step, "total_steps": t.total_steps,
             "samples_seen": t.pos.samples_seen, "rows": t.tokens.rows,
             "epochs_done": t.pos.samples_seen / (t.order.steps_per_epoch * t.cfg.batch_size),
             "epochs": t.cfg.epochs, "wall_time_s": t.pos.train_seconds,
             "launch_wall_time_s": launch_s, "samples_per_sec": done / max(launch_s, 1e-9),
             "world_size": t.world.size, "first_loss": self.first_loss,
-            "final": None if res is None else {**res.values, "lr": res.lr}})
+            "final": None if res is None else {**res.values, "lr": res.lr}, "updated": utc_now()})
 
     def close(self) -> None:
         if self.scalars is not None:
@@ -89,12 +86,9 @@ def fmt_duration(seconds: float) -> str:
 
 
 def read_metrics(run_dir) -> dict:
-    from aleph._io import read_json
-
+    """metrics.json of an earlier launch, for the carry-over of first_loss ({} if none)."""
     path = RunLayout(run_dir).metrics
     try:
         return read_json(path) if path.is_file() else {}
     except ValueError:  # atomic writes make this a hand edit; start the carry-over afresh
         return {}
-
-

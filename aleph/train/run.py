@@ -1,14 +1,8 @@
 """One launch of one run: input checks, lock, header, stores, model, resume, loop, outputs.
 
-Order matters and is the contract of the seed's laws: the inputs (captions, targets,
-tokenizer, row counts) are checked before the run directory is created or its config is
-compared, so a refused launch leaves no `runs/<name>/` behind, changes nothing in an
-existing one, and its error names the input at fault rather than a config mismatch; the run
-lock is taken before anything is written into the run directory; the header (launch id,
-allocator cap, VRAM probe, config echo, resume line) is printed once per launch before
-any training; rank 0 is the only writer of the run directory, other ranks write only
-their own per-rank launch log. The console names the run directory before the input checks
-and ends with a summary: where the outputs are and the next command (or how to resume).
+Order is the contract: the inputs are checked before the run directory exists or its config
+is compared (a refusal leaves no trace and names the input), the lock is taken before
+anything is written there, and rank 0 alone writes it (other ranks: their own launch log).
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from pathlib import Path
 import torch
 
 from aleph._io import atomic_write_json, read_json
-from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost, RunLocked
+from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
 from aleph.record.launch import COMPLETE, FAILED, STOPPED, choose_action
@@ -43,15 +37,10 @@ from aleph.train.trainer import build_trainer
 
 def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = None,
           again: str | None = None) -> int:
-    """Run (or resume) `runs/<name>` (default: identity.run_name of the config, e.g.
-    `runs/a1_anchored-s1` for e1, `runs/smoke/a2_dense-s0` otherwise); returns the exit code:
-    0 complete, errors.EXIT_STOPPED (76) stopped by any number of SIGTERM/SIGINT (recorded;
-    the same command resumes).
-
-    `tracer`: the executed-code tracer the CLI started before resolving the config
-    (aleph.record.fingerprint); one is started here for other callers. `again`: the command
-    line that relaunches this run, for the resume hint of a stopped launch.
-    """
+    """Run (or resume) `runs/<name>` (default: identity.run_name of the config); returns 0
+    when complete, errors.EXIT_STOPPED (76) when stopped by SIGTERM/SIGINT (resumable).
+    `tracer`: the executed-code tracer the CLI started (else one starts here); `again`: the
+    command line that relaunches this run, for a stopped launch's resume hint."""
     tracer = tracer if tracer is not None else Tracer().start()
     run_dir = run_dir_for(cfg, name)  # a bad --name fails here, before anything else
     # From here on a stop is one stop, whenever it comes: before the lock it ends the launch
@@ -119,18 +108,12 @@ def _console(line: str) -> None:
 
 
 def _lock_and_name(lock: RunLock, world: World) -> str:
-    """Rank 0 takes the lock; every rank learns the launch id or the refusal."""
-    verdict: tuple[str, str] = ("", "")
-    if world.is_main:
-        try:
-            lock.acquire()
-            verdict = ("ok", make_launch_id())
-        except RunLocked as e:
-            verdict = ("locked", str(e))
-    verdict = world.broadcast_object(verdict)
-    if verdict[0] != "ok":
-        raise RunLocked(verdict[1])
-    return verdict[1]
+    """Rank 0 takes the lock; every rank learns the launch id or the refusal (RunLocked)."""
+    def take() -> str:
+        lock.acquire()
+        return make_launch_id()
+
+    return world.on_main("taking the run lock", take, _console)
 
 
 def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop: StopFlag,
@@ -242,11 +225,8 @@ def _end(manifest: outputs.Manifest | None, monitor: heartbeat.LaunchMonitor, tr
 
 
 def _check_config(run_dir: Path, cfg: TrainConfig, log) -> None:
-    """Refuse a config that computes something else than the run's trained state.
-
-    Written on the first launch. Until a resume state exists nothing has been trained, so
-    a new config (say a smaller batch after a failed VRAM probe) replaces the old one.
-    """
+    """Refuse a config that computes something else than the run's trained state; until a
+    resume state exists nothing was trained, so a new config replaces the old one."""
     run = RunLayout(run_dir)
     if run.config.is_file():
         try:

@@ -1,7 +1,6 @@
-"""One training step: forward, distillation loss over the global batch, checked update.
-
-`train_step` is the step; `Steps` is how the loop calls it: each step's values go to one
-callback, at once, or under defer_step_sync one step late (the deferral lives here only).
+"""One training step (`train_step`: forward, loss over the global batch, checked update) and
+how the loop calls it (`Steps`: values handed on at once, or one step late under
+defer_step_sync; the deferral lives here only).
 """
 
 from __future__ import annotations
@@ -49,13 +48,10 @@ class StepResult:
 def train_step(t: Trainer, batch: Batch) -> StepResult:
     """Forward on this rank's rows, loss over the global batch, checked update.
 
-    One host synchronisation per step: the loss, its terms and the clipped gradient norm
-    come to the host in one stacked read after clipping (each `.item()` would drain the
-    GPU queue and leave the accelerator idle while the host catches up), before
-    `opt.step()`: no update is made on NaN/inf. A non-finite loss makes the gradient norm
-    non-finite too, so one check covers both. No cross-rank flag is needed under DDP: the
-    loss is computed from the all-gathered global batch and the norm from the all-reduced
-    gradients, so every rank sees the same values and raises together.
+    One host sync per step: the loss, its terms and the clipped gradient norm are read in
+    one stacked transfer (each `.item()` would drain the GPU queue) before `opt.step()`, so
+    no update is made on NaN/inf. Under DDP every rank computes the same values (global
+    batch, all-reduced gradients) and raises together: no cross-rank flag is needed.
     """
     stats, names, lr, step = _forward_backward(t, batch)
     try:
@@ -129,13 +125,9 @@ def deferring(t: Trainer) -> bool:
 class Steps:
     """The loop's step: `steps(batch)` runs one; `deliver()` hands the StepResults read so
     far to `report`; `settle()` also reads a step still in flight (before anything is
-    logged, saved, exported or stopped).
-
-    Checked first (the default): `train_step`. Under defer_step_sync (`deferring`; not yet
-    measured on a GPU: bench/gpu_check.py --only deferred-sync) the values are copied to
-    the host without waiting, fused AdamW skips a non-finite update on the device
-    (`found_inf`), and they are read in the next step before its update: a NonFiniteError
-    still comes before any later update.
+    logged, saved, exported or stopped). Default: `train_step`. Under `deferring` the values
+    are read in the next step before its update, fused AdamW skipping a non-finite update
+    on the device (`found_inf`) meanwhile (README.md, "The step's one host sync").
     """
 
     def __init__(self, t: Trainer, report: Callable[[StepResult], None]) -> None:

@@ -1,10 +1,5 @@
-"""The Trainer: everything one launch holds on one rank, built in one place, in order.
-
-`build_trainer` goes header (device, allocator cap, VRAM probe, config echo, resume line)
--> stores (targets, tokens, the input record) -> model (init or resume) and returns a
-`Trainer` whose every field is declared below; `loop.train_loop(trainer)` trains it and
-`step.train_step(trainer, batch)` is one step.
-"""
+"""The Trainer: everything one launch holds on one rank, built in one place, in order
+(`build_trainer`: header -> stores -> model, init or resume)."""
 
 from __future__ import annotations
 
@@ -33,8 +28,6 @@ from aleph.train.optim import make_optimizer, make_scheduler
 from aleph.train.order import DataOrder
 from aleph.train.signals import StopFlag, preflight_pause
 
-UNKNOWN_CODE = {"revision": "unknown", "source_sha256": "unknown"}
-
 
 def _quiet(line: str) -> None:
     """The log of a trainer outside a launch (benches, tests): lines go nowhere."""
@@ -48,17 +41,13 @@ class Trainer:
     cfg: TrainConfig
     world: World
     device: torch.device
-    model: torch.nn.Module
-    """The plain module: weights, health gauges, saves."""
-    net: torch.nn.Module
-    """What a step calls: `model`, compiled in place and/or wrapped in DDP."""
+    model: torch.nn.Module  # the plain module: weights, health gauges, saves
+    net: torch.nn.Module  # what a step calls: `model`, compiled in place and/or wrapped in DDP
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
     order: DataOrder
-    """Which rows each step sees: a pure function of (seed, epoch)."""
     total_steps: int
-    pos: ckpt.Position
-    """Where training stands; advanced after each step, saved in every resume state."""
+    pos: ckpt.Position  # advanced after each step, saved in every resume state
     run_dir: Path | None = None
     launch_id: str = ""
     log: Callable[[str], None] = _quiet
@@ -66,24 +55,17 @@ class Trainer:
     stop: StopFlag | None = None
     monitor: LaunchMonitor = field(default_factory=lambda: LaunchMonitor(None, ""))
     tracer: Tracer = field(default_factory=Tracer)
-    syncer: Any = None
-    """Rank 0's aleph.sync.Syncer; None when sync_to is off."""
+    syncer: Any = None  # rank 0's aleph.sync.Syncer; None when sync_to is off
     sources: preflight.Sources | None = None
-    tokens: Any = None
-    """The token store (aleph.data.tokens.TokenStore)."""
-    targets: Any = None
-    """The target store (aleph.targets.TargetStore)."""
-    tokenizer: Any = None
+    tokens: Any = None  # aleph.data.tokens.TokenStore
+    targets: Any = None  # aleph.targets.TargetStore
 
 
 def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, log,
                   manifest: outputs.Manifest | None, stop: StopFlag, inputs: preflight.Inputs,
                   code: dict, monitor: LaunchMonitor, tracer: Tracer, syncer=None) -> Trainer:
-    """Header -> stores -> model: the launch's setup after the lock, in this order.
-
-    Until the loop starts, the stop handlers are in 'interrupt' mode: a signal raises
-    signals.StopRequested wherever setup is (run.py records 'stopped', exit 76).
-    """
+    """Header -> stores -> model: the launch's setup after the lock, in this order. A signal
+    meanwhile raises StopRequested wherever setup is (run.py records 'stopped', exit 76)."""
     # header: launch id; allocator cap; VRAM probe; config echo; resume line (in this order)
     monitor.phase = "header"
     log(f"launch {launch_id}: rank {world.rank} of {world.size}, host {hostname()}, "
@@ -96,7 +78,11 @@ def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str,
     if manifest is not None:
         manifest.record(execution=execution(cfg, world, device))
     log(preflight.apply_allocator_cap(cfg, device))
-    tokenizer = inputs.tokenizer if inputs.tokenizer is not None else _load_tokenizer(inputs)
+    tokenizer = inputs.tokenizer
+    if tokenizer is None:  # ranks other than 0 load their own
+        from aleph.data.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(inputs.sources.tokenizer)
     log(preflight.vram_probe(cfg, device, _estimate_vram(cfg, world, device, tokenizer)))
     log("config: " + echo(cfg))
     if syncer is not None:
@@ -113,7 +99,10 @@ def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str,
         if inputs.misalignment_allowed:  # written with the inputs record below
             manifest.launch["misalignment_allowed"] = inputs.misalignment_allowed
         manifest.record_inputs(now, allowed)
-        record_data(run_dir, manifest, inputs.sources, targets, tokens, tokenizer)
+        manifest.set_store({**now["target_store"], "byte_length": targets.byte_length,
+                            "dim": targets.dim, "dtype": targets.manifest["dtype"],
+                            "token_store": str(tokens.path), "captions": inputs.sources.captions})
+        save_tokenizer(tokenizer, RunLayout(run_dir).tokenizer)
 
     # rank 0 records (and may refuse changed inputs); the others poll, then stop alike
     world.on_main("recording the inputs", record_inputs, log)
@@ -139,8 +128,7 @@ def build_trainer(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str,
                    net=wrap(model, cfg, world, device), opt=opt, sched=sched, order=order,
                    total_steps=total_steps, pos=pos, run_dir=run_dir, launch_id=launch_id,
                    log=log, manifest=manifest, stop=stop, monitor=monitor, tracer=tracer,
-                   syncer=syncer, sources=inputs.sources, tokens=tokens, targets=targets,
-                   tokenizer=tokenizer)
+                   syncer=syncer, sources=inputs.sources, tokens=tokens, targets=targets)
 
 
 def step_trainer(cfg: TrainConfig, model: torch.nn.Module, total_steps: int,
@@ -165,12 +153,6 @@ def execution(cfg: TrainConfig, world: World, device: torch.device) -> dict:
             "num_threads": torch.get_num_threads(),
             "deterministic": bool(cfg.deterministic), "compile": bool(cfg.compile),
             "checkpointing": bool(cfg.checkpointing), "world_size": world.size}
-
-
-def _load_tokenizer(inputs: preflight.Inputs):
-    from aleph.data.tokenizer import load_tokenizer
-
-    return load_tokenizer(inputs.sources.tokenizer)
 
 
 def _model_config(cfg: TrainConfig, tokenizer, out_dim: int = 768) -> ModelConfig:
@@ -225,9 +207,8 @@ def prepare_data(cfg: TrainConfig, world: World, inputs: preflight.Inputs, token
         targets = preflight.prepare_targets(cfg, inputs.sources.targets, world, log)
         monitor.phase = "tokens"
         preflight_pause("tokens", log, stop)
-        known = None
-        if inputs.captions_sha256 is not None:
-            known = (inputs.captions_sha256, inputs.captions)
+        known = None if inputs.captions_sha256 is None else (inputs.captions_sha256,
+                                                              inputs.captions)
         tokens = preflight.prepare_tokens(cfg, inputs.sources, tokenizer, log, known)
         inputs.captions = None  # the token store holds them now
         return tokens, targets
@@ -235,13 +216,10 @@ def prepare_data(cfg: TrainConfig, world: World, inputs: preflight.Inputs, token
     # Others poll while rank 0 builds (hours at E1's size): never a collective's timeout.
     got = world.on_main("building the target and token stores", build, log,
                         share=lambda b: (str(b[0].path), str(b[1].store_dir), b[1].implementation))
-    if world.is_main:
-        tokens, targets = got
-        info = (str(tokens.path), str(targets.store_dir), targets.implementation)
-    else:
-        info = got
-        tokens, targets = open_token_store(info[0]), open_store(info[1], info[2])
-    check_row_counts(tokens.rows, targets.rows, f"token store {info[0]}", f"target store {info[1]}")
+    tokens, targets = got if world.is_main else (open_token_store(got[0]),
+                                                 open_store(got[1], got[2]))
+    check_row_counts(tokens.rows, targets.rows, f"token store {tokens.path}",
+                     f"target store {targets.store_dir}")
     return tokens, targets
 
 
@@ -260,13 +238,9 @@ def input_record(targets, tokens) -> dict:
 
 def check_inputs_unchanged(cfg: TrainConfig, manifest: outputs.Manifest, resume_from: str | None,
                            now: dict, log, launch_id: str) -> dict | None:
-    """A resumed launch must train on the stores the run trained on so far.
-
-    Compares the content hashes of this launch's target and token stores with the
-    newest record (`Manifest.trained_inputs`). A difference is a DataError naming both
-    hashes, unless allow_input_change=true: then it is logged and returned, to be
-    recorded in this launch's manifest entry. Nothing to compare on a fresh start.
-    """
+    """A resumed launch must train on the stores the run trained on so far
+    (`Manifest.trained_inputs`): a changed content hash is a DataError naming both, unless
+    allow_input_change=true, then logged and returned for this launch's manifest entry."""
     before = manifest.trained_inputs() if resume_from else None
     if before is None:
         return None
@@ -293,17 +267,8 @@ def check_inputs_unchanged(cfg: TrainConfig, manifest: outputs.Manifest, resume_
     return {"by": "allow_input_change=true", "previous": before["from"], "changes": changes}
 
 
-def record_data(run_dir: Path, manifest: outputs.Manifest, sources: preflight.Sources,
-                targets, tokens, tokenizer) -> None:
-    """The target store in manifest.json; the run's own copy of its tokenizer (once)."""
-    t = targets
-    manifest.set_store({
-        "manifest_sha256": t.manifest_sha256, "content_sha256": t.content_sha256,
-        "implementation": t.implementation,
-        "byte_length": t.byte_length, "rows": t.rows, "dim": t.dim,
-        "dtype": t.manifest["dtype"], "dir": str(t.store_dir),
-        "token_store": str(tokens.path), "captions": sources.captions})
-    out = RunLayout(run_dir).tokenizer
+def save_tokenizer(tokenizer, out: Path) -> None:
+    """The run's own copy of its tokenizer, once."""
     if not out.is_dir():  # save into a temporary sibling, then rename: complete or absent
         tmp = out.with_name(f".tokenizer.tmp-{os.getpid()}")
         tokenizer.save_pretrained(str(tmp))
