@@ -22,13 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aleph.env import facts as live
-from aleph.env.pins import (
-    comparable,
-    diff_packages,
-    freeze_sha256,
-    installed_packages,
-    parse_pins,
-)
+from aleph.env.pins import comparable, diff_packages, freeze_sha256, installed_packages, parse_pins
 from aleph.env.seed import SEED_FACTS, SEED_PACKAGES
 from aleph.errors import ConfigError
 
@@ -91,13 +85,8 @@ def load_pins(root: str | Path = REPO_ROOT) -> Pins:
 
 
 def _fact_drifts(facts: dict, expected: dict[str, str]) -> list[Drift]:
-    out = []
-    for key, exp in expected.items():
-        got = facts.get(key)
-        got = None if got is None else str(got)
-        if got != exp:
-            out.append(Drift("fact", key, exp, got))
-    return out
+    found = {k: None if facts.get(k) is None else str(facts[k]) for k in expected}
+    return [Drift("fact", k, exp, found[k]) for k, exp in expected.items() if found[k] != exp]
 
 
 def _package_drifts(installed: dict[str, str], expected: dict[str, str]) -> list[Drift]:
@@ -109,15 +98,9 @@ def image_drifts(installed: dict[str, str], facts: dict, pins: Pins) -> list[Dri
     seed_live = {n: installed.get(n) for n in SEED_PACKAGES}
     drifts = _fact_drifts(facts, SEED_FACTS) + _package_drifts(installed, pins.image)
     # Seed rows also catch a freeze that was edited to agree with a drifted image.
-    drifts += [
-        Drift("package", n, v, seed_live[n]) for n, v in SEED_PACKAGES.items() if seed_live[n] != v
-    ]
-    seen, out = set(), []
-    for d in drifts:
-        if d not in seen:
-            seen.add(d)
-            out.append(d)
-    return out
+    drifts += [Drift("package", n, v, seed_live[n])
+               for n, v in SEED_PACKAGES.items() if seed_live[n] != v]
+    return list(dict.fromkeys(drifts))
 
 
 def _host_drifts(installed: dict[str, str], facts: dict, host: dict[str, str]) -> list[Drift]:
@@ -162,10 +145,8 @@ def check_environment(strict: bool = False, root: str | Path = REPO_ROOT) -> Che
 
 def environment_summary(root: str | Path = REPO_ROOT, runner: live.Runner = live.run_tool) -> dict:
     """JSON-able facts for run manifests. Never raises on a machine without GPU or pins."""
-    installed = installed_packages()
-    facts = live.runtime_facts()
-    summary = dict(facts)
-    summary.update(live.gpu_facts(runner))
+    installed, facts = installed_packages(), live.runtime_facts()
+    summary = {**facts, **live.gpu_facts(runner)}
     try:
         pins = load_pins(root)
         summary["variant"] = compare(installed, facts, pins, strict=False,
@@ -198,16 +179,12 @@ def verdict(result: CheckResult) -> str:
     if result.variant == "image":
         return "verdict: image: matches pip_freeze.txt and the seed table exactly"
     if result.variant == "host":
-        return (
-            "verdict: host variant (lockfiles/host.txt + dev locks); "
-            f"{result.image_drift_count} differences from the image not shown (use --strict)"
-        )
+        return ("verdict: host variant (lockfiles/host.txt + dev locks); "
+                f"{result.image_drift_count} differences from the image not shown (use --strict)")
     if result.variant == "cpu-image":
-        return (
-            "verdict: CPU image variant (lockfiles/host.txt on CPython 3.11, no CUDA): matches "
-            f"its lock exactly; not the seed's image ({result.image_drift_count} differences "
-            "from pip_freeze.txt and the seed table)"
-        )
+        return ("verdict: CPU image variant (lockfiles/host.txt on CPython 3.11, no CUDA): matches "
+                f"its lock exactly; not the seed's image ({result.image_drift_count} differences "
+                "from pip_freeze.txt and the seed table)")
     if result.strict and result.reference == "cpu-image":
         mode = "strict, against the CPU image's lockfiles/host.txt"
     elif result.strict:
