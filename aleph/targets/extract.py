@@ -1,34 +1,24 @@
 """`aleph targets extract`: captions -> one fp16 chunk directory per teacher, rows aligned.
 
 Runs in the teacher environment (lockfiles/teachers.txt: transformers 4.x on torch 2.4.1;
-`./aleph-dev extract`, or the `extract-targets` compose service). transformers is imported
-only inside `_load`, so importing this module (or `aleph`) never touches it.
+`./aleph-dev extract`, or the `extract-targets` compose service); transformers is imported
+only inside functions, so importing this module (or `aleph`) never touches it.
 
-For each chunk c of `chunk_rows` caption rows (rows c*chunk_rows ... in caption order) and
-each teacher: tokenise (truncated to `max_length`; captions sorted by length inside the
-chunk so a batch pads little, rows put back in caption order), run the encoder (bf16 on a
-GPU, fp32 on CPU), mean-pool the last hidden state over the attention mask in fp32,
-L2-normalise, cast to fp16, write `OUT/<teacher>/chunk_<c:05d>.npy` atomically. A chunk
-file that exists is finished (it is only ever renamed into place complete) and is never
-redone; `extract-plan.json` (aleph.targets.extract_plan) pins the inputs and options a
-resumed run must match; it is published once, by the first shard to get there.
+Chunk c holds caption rows c*chunk_rows ...; per chunk and teacher: tokenise (truncated to
+`max_length`, length-sorted batches so a batch pads little), encode (bf16 on a GPU, fp32 on
+CPU), mean-pool the last hidden state over the attention mask in fp32, L2-normalise, write
+`OUT/<teacher>/chunk_<c:05d>.npy` in caption order, atomically. A chunk file that exists is
+finished and never redone; `extract-plan.json` (aleph.targets.extract_plan) pins what a
+resumed run or another shard must match.
 
-Shards: `--shard I/N` encodes the chunks c with c mod N == I (round robin: every shard gets
-full chunks and the short last one lands on one shard only); a shard that finds the chunks
-of every teacher in place writes `extract.json` and prints the consensus command. With
-several GPUs and no `--shard`, one shard process per GPU. The consensus is its own step,
-after every shard (`--consensus-out` only without `--shard`).
+`--shard I/N` encodes the chunks with c mod N == I; the shard that finds every chunk in place
+writes `extract.json` and prints the consensus command. With several GPUs and no `--shard`,
+one shard process per GPU. Any number of SIGTERM/SIGINT is one stop: the chunk being written
+is discarded, finished ones kept, one line says which and how to resume, exit 76.
 
-Stops: any number of SIGTERM/SIGINT is one stop (aleph._signals.StopFlag, 'interrupt'
-mode): the chunk being written is discarded (its partial file removed), finished chunks are
-kept, one line says which and the command that resumes, and the exit status is 76
-(errors.EXIT_STOPPED).
-
-Every teacher directory (a local one, or a hub teacher's snapshot, fetched file by file
-through the checked listing and answers of `aleph._hub`) passes
-`teacher_dir.check_model_dir` before anything of it loads: no `auto_map`, a known
-`model_type`, regular files only, no links out; every loader passes
-`trust_remote_code=False`, so no code that came with a teacher ever runs.
+Every teacher directory (local, or a hub snapshot fetched file by file through the checks of
+`aleph._hub`) passes `teacher_dir.check_model_dir` before anything of it loads, and every
+loader passes `trust_remote_code=False`: no code that came with a teacher ever runs.
 """
 
 from __future__ import annotations
@@ -40,7 +30,6 @@ import signal
 import subprocess
 import sys
 import time
-from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
@@ -87,6 +76,18 @@ def _shard(text: str | None) -> tuple[int, int]:
     return i, n
 
 
+def _hub_call(where: str, what: str, call):
+    """call(), its failure (unreachable hub, no such repo or revision) one ConfigError line."""
+    try:
+        return call()
+    except AlephError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{where}: {what}: {type(e).__name__}: "
+                          f"{short_repr(first, 200)}") from None
+
+
 def _download(spec: TeacherSpec) -> tuple[str, str, str]:
     """(snapshot directory, its blob directory, commit) of a hub teacher: the listing's commit
     and every name it lists checked first (`aleph._hub`), then the top-level *.json, *.txt,
@@ -96,33 +97,18 @@ def _download(spec: TeacherSpec) -> tuple[str, str, str]:
 
     from aleph._hub import check_commit, check_repo_name, guard_hub
 
-    where = f"{spec.name}@{spec.revision or 'main'}"
+    where = f"teacher {spec.name}@{spec.revision or 'main'}"
     guard_hub()
-    try:
-        info = HfApi().model_info(spec.name, revision=spec.revision)
-    except AlephError:
-        raise
-    except Exception as e:  # unreachable hub, no such repo or revision: one line
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"teacher {where}: the hub listing failed: {type(e).__name__}: "
-                          f"{short_repr(first, 200)}") from None
-    commit = check_commit(info.sha, f"teacher {where}")
-    names = [check_repo_name(s.rfilename, f"teacher {where}@{commit[:12]}")
-             for s in info.siblings or []]
-    wanted = [n for n in names if "/" not in n and (fnmatch(n, "*.json") or fnmatch(n, "*.txt")
-                                                    or fnmatch(n, "*.model")
+    info = _hub_call(where, "the hub listing failed",
+                     lambda: HfApi().model_info(spec.name, revision=spec.revision))
+    commit = check_commit(info.sha, where)
+    names = [check_repo_name(s.rfilename, f"{where}@{commit[:12]}") for s in info.siblings or []]
+    wanted = [n for n in names if "/" not in n and (n.endswith((".json", ".txt", ".model"))
                                                     or n == "model.safetensors")]
     if "model.safetensors" not in wanted:  # no .bin: torch < 2.6 refuses them
-        raise ConfigError(f"teacher {where}: no model.safetensors (pickled .bin weights are "
-                          "not loaded)")
-    try:
-        paths = [hf_hub_download(spec.name, n, revision=commit) for n in wanted]
-    except AlephError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"teacher {where}: download failed: {type(e).__name__}: "
-                          f"{short_repr(first, 200)}") from None
+        raise ConfigError(f"{where}: no model.safetensors (pickled .bin weights are not loaded)")
+    paths = _hub_call(where, "download failed",
+                      lambda: [hf_hub_download(spec.name, n, revision=commit) for n in wanted])
     snapshot = os.path.dirname(paths[0])
     return snapshot, os.path.join(os.path.dirname(os.path.dirname(snapshot)), "blobs"), commit
 
@@ -369,8 +355,7 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
                          f"({rows:,} rows counted): the source changed while being read")
     if shards == 1:
         return _finish(out, plan, specs, opts.consensus_out, where)
-    missing = [p for s in specs for p in missing_chunks(out, plan, s.slug)]
-    if missing:  # other shards still running, or not yet started
+    if missing := _missing(out, plan, specs):  # other shards still running, or not yet started
         print(f"{out}: shard {shard}/{shards} done: its {len(mine)} chunk(s) of every teacher "
               f"in place; {len(missing)} chunk file(s) of other shards still missing (first "
               f"{missing[0]}); the consensus runs once every shard has finished")
@@ -378,12 +363,15 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
     return _finish(out, plan, specs, None, where)
 
 
+def _missing(out: Path, plan: dict, specs: list[TeacherSpec]) -> list[Path]:
+    return [p for s in specs for p in missing_chunks(out, plan, s.slug)]
+
+
 def _finish(out: Path, plan: dict, specs: list[TeacherSpec], consensus_out: str | None,
             where: dict) -> int:
     """extract.json once every teacher has every chunk; the teachers' directories listed."""
     n = n_chunks(plan)
-    missing = [p for s in specs for p in missing_chunks(out, plan, s.slug)]
-    if missing:
+    if missing := _missing(out, plan, specs):
         raise StoreError(f"{out}: {len(missing)} chunk(s) missing after the run, first {missing[0]}")
     atomic_write_json(out / RESULT_FILE, {**plan, "chunks": n,
                                           "teacher_dirs": [s.slug for s in specs]})

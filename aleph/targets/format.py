@@ -35,6 +35,16 @@ DTYPES: dict[str, tuple[torch.dtype, int, np.dtype, int]] = {
 TORCH_RAW = {2: torch.int16, 4: torch.int32}
 
 
+def raw_view(t: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's bits as a raw unsigned numpy array, sharing its memory."""
+    return t.view(TORCH_RAW[t.element_size()]).numpy().view(f"<u{t.element_size()}")
+
+
+def tensor_view(raw: np.ndarray, dtype: str) -> torch.Tensor:
+    """Raw unsigned rows (a writable array) as a torch tensor of `dtype`, sharing memory."""
+    return torch.from_numpy(raw.view(f"<i{raw.itemsize}")).view(DTYPES[dtype][0])
+
+
 def dtype_entry(name: str, where: str) -> tuple[torch.dtype, int, np.dtype, int]:
     """Look up a dtype name; `where` names the file or field for the error."""
     try:
