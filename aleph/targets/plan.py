@@ -73,10 +73,8 @@ def _predict(infos: Sequence[ChunkInfo], flush_bytes: int) -> dict[str, int]:
 def plan(sources: Sequence[str | os.PathLike | ChunkInfo], quota_bytes: int | None = None,
          headroom_bytes: int = DEFAULT_HEADROOM_BYTES, *, cgroup_root=DEFAULT_ROOT,
          flush_bytes: int = DEFAULT_FLUSH_BYTES) -> Plan:
-    """Plan a build of `sources` (paths, or ChunkInfo records) against the memory quota.
-
-    Reads only headers. `quota_bytes=None` reads the cgroup (v2 or v1) limit.
-    """
+    """Plan a build of `sources` (paths, or ChunkInfo records) against the memory quota
+    (None: the cgroup's, v2 or v1), from the chunks' headers only."""
     if quota_bytes is not None and (isinstance(quota_bytes, bool) or quota_bytes <= 0):
         raise ConfigError(f"memory quota {quota_bytes!r} bytes: expected a positive byte count")
     if isinstance(headroom_bytes, bool) or headroom_bytes < 0:

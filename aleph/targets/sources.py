@@ -1,18 +1,14 @@
 """Chunk files: header inspection, stat-only fingerprints, and zero-copy chunk readers.
 
-A source is an ordered list of chunk files, each one 2-D tensor of N_i x D in
-float16, bfloat16 or float32, stored as `.pt` (torch.save), `.npy` or `.safetensors`.
+A source is an ordered list of chunk files, each one 2-D tensor of N_i x D in float16,
+bfloat16 or float32, stored as `.pt` (torch.save), `.npy` or `.safetensors`.
 
-- `inspect_chunk` reads only headers: the .npy header, the safetensors JSON header,
-  or the pickle record of a .pt loaded with `mmap=True` (its storage is mapped, not read).
-- `.pt` files are only ever loaded with `torch.load(weights_only=True)`, which refuses
-  every object but tensors and plain containers: a file holding anything else is
-  rejected without being unpickled.
+- `inspect_chunk` reads only headers (a .pt is loaded with `mmap=True`: mapped, not read).
+- `.pt` files are only ever loaded with `torch.load(weights_only=True)`: a file holding
+  anything but tensors and plain containers is rejected without being unpickled.
 - `source_stats` / `source_fingerprint` use `os.stat` only (path, size, mtime_ns), so a
-  cache hit opens no chunk file. Trade-off, chosen deliberately: a rewrite that keeps
-  both size and mtime_ns is not noticed by the cache (`aleph targets verify --sources`
-  compares the sources' rows with the store's; rebuild into a fresh output directory when
-  sources are edited in place).
+  cache hit opens no chunk file. Deliberate trade-off: a rewrite that keeps size and
+  mtime_ns is not noticed (`aleph targets verify --sources` catches it).
 """
 
 from __future__ import annotations

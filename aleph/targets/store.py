@@ -33,11 +33,9 @@ MADV_POPULATE_READ = 22  # Linux >= 5.14; Python 3.11's mmap module has no const
 
 
 def prefault_mapping(mm: np.memmap) -> str:
-    """Map every page of a read-only memmap now; returns how ("populate_read" or "touch").
-
-    MADV_POPULATE_READ fills the page tables in one call (reading the file in where it
-    is not cached); where the kernel lacks it, one byte per page is read instead.
-    """
+    """Map every page of a read-only memmap now; returns how: "populate_read" (one
+    MADV_POPULATE_READ call, reading in what is not cached) or "touch" (where the kernel
+    lacks it: one byte read per page)."""
     raw = getattr(mm, "_mmap", None)
     if raw is not None and hasattr(raw, "madvise"):
         try:
@@ -154,10 +152,8 @@ class TargetStore:
         return self.rows
 
     def gather(self, indices, pin: bool = False) -> torch.Tensor:
-        """Rows `indices` (numpy int array or LongTensor, any order) -> (B, D) tensor.
-
-        pin=True returns page-locked memory when CUDA is available and is ignored otherwise.
-        """
+        """Rows `indices` (numpy int array or LongTensor, any order) -> (B, D) tensor, in
+        page-locked memory for pin=True when CUDA is available."""
         idx = _as_indices(indices, self.rows)  # (B,)
         pin = pin and torch.cuda.is_available()
         out = torch.empty((idx.size, self.dim), dtype=self.dtype, pin_memory=pin)  # (B, D)
@@ -192,9 +188,7 @@ class TargetStore:
 def open_store(store_dir: str | os.PathLike, implementation: str = "streaming", *,
                prefault: bool = False) -> TargetStore:
     """Open a complete store; StoreError when manifest, size or dtype do not match.
-
-    prefault (streaming only): map every page now (see the module docstring);
-    `store.prefaulted` then says how ("populate_read" or "touch").
-    """
+    prefault (streaming only): map every page now (module docstring); `store.prefaulted`
+    then says how ("populate_read" or "touch")."""
     return TargetStore(Path(store_dir), load_manifest(store_dir), implementation,
                        prefault=prefault)
