@@ -69,13 +69,10 @@ def _own_v2_dir(root: Path, self_cgroup: str | None = None) -> Path:
 
 
 def _own_v1_dir(root: Path, controller: str, mount: str, self_cgroup: str | None = None) -> Path:
-    """The process's own cgroup v1 directory of `controller` under `root/mount`.
-
-    In a container with its own cgroup namespace (or Docker's bind of its cgroup) the mount
-    is the container's cgroup and /proc/self/cgroup names a path that does not exist under
-    it: the mount itself is the answer. On a host (or a job runner) the mount is the whole
-    hierarchy and the process's own directory lies below it, e.g. memory/process_api/<id>.
-    """
+    """The process's own cgroup v1 directory of `controller` under `root/mount`: in a
+    container (own cgroup namespace, or Docker's bind) the mount itself, as /proc/self/cgroup
+    names a path not under it; on a host or job runner the directory below the whole
+    hierarchy's mount, e.g. memory/process_api/<id>."""
     base = root / mount
     for line in (_self_cgroup(root, self_cgroup) or "").splitlines():
         parts = line.split(":", 2)
@@ -96,11 +93,8 @@ def _v1_memory_limit(d: Path) -> int | None:
 
 
 def read_envelope(root: str | os.PathLike = DEFAULT_ROOT, self_cgroup: str | None = None) -> Envelope:
-    """Read memory limit, CPU quota and cpuset from cgroup v2 (preferred) or v1.
-
-    The process's own cgroup is read (`self_cgroup`: the text of /proc/self/cgroup, read
-    from the live system for the real root), falling back to the mount's top.
-    """
+    """Memory limit, CPU quota and cpuset of the process's own cgroup (`self_cgroup`: the
+    text of /proc/self/cgroup, read live for the real root; else the mount's top), v2 or v1."""
     root = Path(root)
     if (root / "cgroup.controllers").exists():
         d = _own_v2_dir(root, self_cgroup)

@@ -1,18 +1,15 @@
 """`aleph env check`: is this the E1 environment, a known host variant, or drifted?
 
 Expected sets, all read from the source tree the code runs from:
-- image: `pip_freeze.txt` plus the seed's software table (`aleph.env.seed`): Python
-  3.11.10 built with GCC 11.4.0, torch 2.4.1+cu124, CUDA 12.4, cuDNN 90100, triton 3.0.0;
+- image: `pip_freeze.txt` plus the seed's software table (`aleph.env.seed`);
 - host: `lockfiles/host.txt` + `dev.txt` + `dev-sdist.txt` on any CPython 3.11 (the
-  dev/test venv made by ./aleph-dev: PyPI torch 2.4.1, CUDA 12.1 build).
-- cpu-image: `lockfiles/host.txt` alone on any CPython 3.11, recognised only inside the
-  CPU image (docker/Dockerfile.cpu sets ALEPH_IMAGE_VARIANT=cpu).
-Non-strict, a known variant passes and is named; strict compares against the image
-only, so the image build and `docker compose run tests` fail on any difference. The CPU
-image is the one exception, declared by the image itself: strict there means exactly
-its own lock, and the verdict names it as the CPU variant, never as the seed's image.
-`compare()` takes every live fact as a parameter so tests doctor an environment
-without touching the real one.
+  dev/test venv made by ./aleph-dev: PyPI torch 2.4.1, CUDA 12.1 build);
+- cpu-image: `lockfiles/host.txt` alone on any CPython 3.11, only inside the CPU image
+  (docker/Dockerfile.cpu sets ALEPH_IMAGE_VARIANT=cpu).
+Non-strict, a known variant passes and is named; strict compares against the image only
+(the image build and `docker compose run tests` fail on any difference), except in the CPU
+image, where strict means exactly its own lock. `compare()` takes every live fact as a
+parameter so tests doctor an environment without touching the real one.
 """
 
 from __future__ import annotations
@@ -61,11 +58,8 @@ class CheckResult:
 
 
 def load_pins(root: str | Path = REPO_ROOT) -> Pins:
-    """Read the freeze (required) and the host variant: host.txt plus the dev locks.
-
-    The host variant exists only when lockfiles/host.txt does; its dev locks (dev.txt,
-    and dev-sdist.txt for the tools built from source) are added when present.
-    """
+    """Read the freeze (required) and, when lockfiles/host.txt exists, the host variant:
+    host.txt plus the dev locks present (dev.txt, dev-sdist.txt: tools built from source)."""
     root = Path(root)
     image = parse_pins(root / "pip_freeze.txt")
     host_path = root / "lockfiles" / "host.txt"

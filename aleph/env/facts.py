@@ -38,11 +38,9 @@ def _dist_version(name: str) -> str | None:
 
 
 def runtime_facts() -> dict:
-    """python, compiler, torch, cuda, cudnn (int), triton, as this interpreter sees them.
-
-    torch is imported (about 1 s) because CUDA and cuDNN must be the versions torch
-    actually loads (its pip-installed nvidia wheels), not the base image's system copies.
-    """
+    """python, compiler, torch, cuda, cudnn (int), triton, as this interpreter sees them;
+    torch is imported (about 1 s): CUDA and cuDNN are the versions torch loads (its nvidia
+    wheels), not the base image's system copies."""
     facts = {"python": platform.python_version(), "compiler": platform.python_compiler(),
              "torch": None, "cuda": None, "cudnn": None,
              # From metadata: importing triton costs seconds and tells nothing more.

@@ -54,8 +54,7 @@ def mem_total_bytes(proc: Path = Path("/proc")) -> int | None:
 def container_id(proc: Path = Path("/proc")) -> str | None:
     """The 64-hex container id from mountinfo (Docker's /etc/hostname bind) or cgroup paths."""
     for name in ("self/mountinfo", "self/cgroup"):
-        m = _CONTAINER_ID.search(_read(proc / name) or "")
-        if m:
+        if m := _CONTAINER_ID.search(_read(proc / name) or ""):
             return m.group(1)
     return None
 

@@ -46,12 +46,10 @@ def _logical_lines(text: str):
 
 
 def parse_pins(path: str | Path) -> dict[str, str]:
-    """`{normalised name: version}` from a freeze or a hash-locked requirements file.
-
-    Accepts `name==version`, `--hash=` options after a pin, comments, and option lines
-    (`--index-url ...`). Anything else, or a name pinned twice, raises ConfigError with
-    the file and line, because an unparsed line would silently drop a package from the check.
-    """
+    """`{normalised name: version}` from a freeze or a hash-locked requirements file:
+    `name==version` lines, `--hash=` options, comments and option lines. Anything else, or a
+    name pinned twice, is a ConfigError naming file and line (else a package would silently
+    drop out of the check)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -24,8 +24,8 @@ loader passes `trust_remote_code=False`: no code that came with a teacher ever r
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,16 +64,11 @@ _MAX_MODEL_FILE_BYTES = 4 << 30  # refuse (and never hash) anything larger in a 
 
 
 def _shard(text: str | None) -> tuple[int, int]:
-    if text is None:
-        return 0, 1
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
+    m = re.fullmatch(r"(\d+)/(\d+)", "0/1" if text is None else text)
+    if not m or int(m[1]) >= int(m[2]):
         raise ConfigError(f"--shard {text!r}: expected I/N, two integers with 0 <= I < N "
-                          "(e.g. 0/3, 1/3, 2/3)") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise ConfigError(f"--shard {text!r}: expected I/N with 0 <= I < N (e.g. 0/3, 1/3, 2/3)")
-    return i, n
+                          "(e.g. 0/3, 1/3, 2/3)")
+    return int(m[1]), int(m[2])
 
 
 def _hub_call(where: str, what: str, call):
@@ -306,7 +301,6 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
     resolved = [resolve(s, known) for s in specs]  # every directory checked before any loads
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     plan = _plan(captions, rows, [r for _, r, _ in resolved], opts, device)
-    configs = [c for _, _, c in resolved]
     from transformers import AutoTokenizer  # the teacher environment only
 
     sample = src.head(1024)
@@ -314,12 +308,12 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
             for p, _, _ in resolved]
     mean_tokens = sum(len(t(c, truncation=True, max_length=opts.max_length)["input_ids"])
                       for t in toks for c in sample) / (len(sample) * len(toks))
-    print(estimate(configs, rows, opts.max_length, mean_tokens, opts.assume_tflops),
+    print(estimate([c for _, _, c in resolved], rows, opts.max_length, mean_tokens, opts.assume_tflops),
           file=sys.stderr, flush=True)
     if opts.estimate_only:
         return 0
     publish_plan(out, plan)
-    total = math.ceil(rows / opts.chunk_rows)
+    total = n_chunks(plan)
     n_gpu = torch.cuda.device_count()
     spawn = opts.shard is None and n_gpu > 1
     mine = [c for c in range(total) if spawn or c % shards == shard]

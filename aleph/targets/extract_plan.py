@@ -103,11 +103,9 @@ def require_extracted(teacher_dirs: list[str]) -> None:
                              "expected); use a new --out") from None
         if slug not in slugs:
             continue
-        missing = missing_chunks(Path(parent), plan, slug)
-        if missing:
-            first = missing[0]
+        if missing := missing_chunks(Path(parent), plan, slug):
             raise StoreError(
-                f"{d}: chunk {first.name} of teacher {slug} is missing ({len(missing)} of "
+                f"{d}: chunk {missing[0].name} of teacher {slug} is missing ({len(missing)} of "
                 f"{total} missing): the extraction is not finished; run every `aleph targets "
                 f"extract ... --shard I/N` to the end (chunk c is shard c mod N's), then the "
                 "consensus (nothing was written)")

@@ -120,14 +120,13 @@ class TargetStore:
         self.byte_length = manifest["byte_length"]
         self.path = self.store_dir / manifest["data_file"]
         self.prefaulted: str | None = None  # how the mapping was prefaulted, if it was
+        self._tensor = self._mm = None
         if implementation == "in_ram":
             self._tensor = tensor if tensor is not None else self._read_all()
-            self._mm = None
             # a numpy view of the rows for np.take (never a copy: a strided tensor keeps
             # torch.index_select)
             self._rows_raw = raw_view(self._tensor) if self._tensor.is_contiguous() else None
         else:
-            self._tensor = None
             try:
                 self._mm = np.memmap(self.path, dtype=self._raw, mode="r",
                                      shape=(self.rows, self.dim))  # (N, D)

@@ -46,10 +46,8 @@ def verify_store(store_dir: str | os.PathLike, full: bool = False, sources: bool
                 got = hash_range(fd, str(data), c["row_start"] * row_bytes, c["rows"] * row_bytes)
                 if got != c.get("sha256"):
                     bad.append(f"{where}: sha256 {got[:16]}..., manifest {str(c.get('sha256'))[:16]}...")
-                if sources:
-                    problem = _source_problem(c, manifest, got)
-                    if problem:
-                        stale.append(f"{where}: {problem}")
+                if sources and (problem := _source_problem(c, manifest, got)):
+                    stale.append(f"{where}: {problem}")
         finally:
             os.close(fd)
     if bad:
