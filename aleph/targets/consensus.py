@@ -155,11 +155,9 @@ def save_rotations(path: Path, fit: GpaFit) -> str:
     """The rotations file (safetensors, float64: rotation_i, mean_i, whitener_i); returns its sha256."""
     from safetensors.torch import save
 
-    tensors = {}
-    for i, (r, m, w) in enumerate(zip(fit.rotations, fit.means, fit.whiteners, strict=True)):
-        tensors |= {f"rotation_{i}": r.cpu().clone(), f"mean_{i}": m.cpu().clone(),
-                    f"whitener_{i}": w.cpu().clone()}  # clone: no shared storage
-    data = save(tensors)
+    parts = {"rotation": fit.rotations, "mean": fit.means, "whitener": fit.whiteners}
+    data = save({f"{name}_{i}": t.cpu().clone()  # clone: no shared storage
+                 for name, ts in parts.items() for i, t in enumerate(ts)})
     atomic_write_bytes(path, data)
     return sha256_bytes(data)
 

@@ -113,8 +113,7 @@ def resolve(spec: TeacherSpec, known_types: set[str]) -> tuple[str, dict, dict]:
     the directory checked by `teacher_dir.check_model_dir` before anything loads it."""
     if spec.local:
         checked = check_model_dir(spec.name, known_types, hash_limit=_MAX_MODEL_FILE_BYTES)
-        missing = [f for f in _MODEL_FILES if f not in checked.files_sha256]
-        if missing:
+        if missing := [f for f in _MODEL_FILES if f not in checked.files_sha256]:
             raise ConfigError(f"{spec.name}: local teacher lacks {missing} (a model saved with "
                               "save_pretrained(safe_serialization=True) and its tokenizer)")
         return spec.name, {"name": spec.name, "local": True,
