@@ -22,55 +22,34 @@ from aleph.env.render import render_markdown
 from aleph.errors import ConfigError
 
 SCHEMA = "aleph-env-capture/1"
-# Seed-table package rows: (label, distribution name).
-PACKAGE_ROWS = [
-    ("transformers", "transformers"),
-    ("tokenizers", "tokenizers"),
-    ("huggingface_hub", "huggingface-hub"),
-    ("datasets", "datasets"),
-    ("safetensors", "safetensors"),
-    ("numpy", "numpy"),
-    ("tensorboard", "tensorboard"),
-    ("torchvision", "torchvision"),
-    ("torchaudio", "torchaudio"),
-]
+# Seed-table package rows: label -> distribution name.
+PACKAGE_ROWS = {
+    "transformers": "transformers", "tokenizers": "tokenizers",
+    "huggingface_hub": "huggingface-hub", "datasets": "datasets", "safetensors": "safetensors",
+    "numpy": "numpy", "tensorboard": "tensorboard", "torchvision": "torchvision",
+    "torchaudio": "torchaudio",
+}
 
 
 def _envelope(cgroup_root: Path) -> dict:
     env = read_envelope(cgroup_root)
-    return {
-        "cgroup_version": env.version,
-        "memory_limit_bytes": env.memory_limit_bytes,
-        "cpu_quota_us": env.cpu_quota_us,
-        "cpu_period_us": env.cpu_period_us,
-        "cpu_cores": env.cpu_cores,
-        "cpuset": env.cpuset,
-    }
+    return {"cgroup_version": env.version, "memory_limit_bytes": env.memory_limit_bytes,
+            "cpu_quota_us": env.cpu_quota_us, "cpu_period_us": env.cpu_period_us,
+            "cpu_cores": env.cpu_cores, "cpuset": env.cpuset}
 
 
 def _software(runtime: dict, packages: dict[str, str], gpu: dict, etc: Path, proc: Path) -> dict:
-    return {
-        **runtime,
-        "packages": {label: packages.get(dist) for label, dist in PACKAGE_ROWS},
-        "driver": gpu["driver"],
-        "os": hostinfo.os_release(etc),
-        "kernel": hostinfo.kernel_release(proc) or platform.release(),
-    }
+    return {**runtime,
+            "packages": {label: packages.get(dist) for label, dist in PACKAGE_ROWS.items()},
+            "driver": gpu["driver"], "os": hostinfo.os_release(etc),
+            "kernel": hostinfo.kernel_release(proc) or platform.release()}
 
 
-def gather(
-    *,
-    work: Path | None = None,
-    proc: Path = Path("/proc"),
-    sys_root: Path = Path("/sys"),
-    etc: Path = Path("/etc"),
-    cgroup_root: Path = DEFAULT_ROOT,
-    runner: live.Runner = live.run_tool,
-    cpu_affinity: set[int] | None = None,
-    runtime: dict | None = None,
-    packages: dict[str, str] | None = None,
-    now: dt.datetime | None = None,
-) -> dict:
+def gather(*, work: Path | None = None, proc: Path = Path("/proc"), sys_root: Path = Path("/sys"),
+           etc: Path = Path("/etc"), cgroup_root: Path = DEFAULT_ROOT,
+           runner: live.Runner = live.run_tool, cpu_affinity: set[int] | None = None,
+           runtime: dict | None = None, packages: dict[str, str] | None = None,
+           now: dt.datetime | None = None) -> dict:
     """The JSON record. Parameters left None are read from the live machine."""
     work = Path(work) if work is not None else work_root()
     runtime = runtime if runtime is not None else live.runtime_facts()
@@ -95,10 +74,8 @@ def gather(
             "cpu_affinity": hostinfo.format_cpulist(cpus) if cpus else None,
             "numa_nodes": hostinfo.numa_nodes(cpus, sys_root) if cpus else None,
             "container_id": cid,
-            "storage": {
-                "root": hostinfo.storage("/", proc),
-                "work_root": hostinfo.storage(work, proc),
-            },
+            "storage": {"root": hostinfo.storage("/", proc),
+                        "work_root": hostinfo.storage(work, proc)},
         },
         "aleph_revision": _revision(),
     }

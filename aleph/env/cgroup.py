@@ -30,9 +30,8 @@ class Envelope:
 
     @property
     def cpu_cores(self) -> float | None:
-        if self.cpu_quota_us is None or not self.cpu_period_us:
-            return None
-        return self.cpu_quota_us / self.cpu_period_us
+        quota, period = self.cpu_quota_us, self.cpu_period_us
+        return None if quota is None or not period else quota / period
 
 
 def _read(path: Path) -> str | None:
@@ -70,13 +69,10 @@ def _own_v2_dir(root: Path, self_cgroup: str | None = None) -> Path:
 
 
 def _own_v1_dir(root: Path, controller: str, mount: str, self_cgroup: str | None = None) -> Path:
-    """The process's own cgroup v1 directory of `controller` under `root/mount`.
-
-    In a container with its own cgroup namespace (or Docker's bind of its cgroup) the mount
-    is the container's cgroup and /proc/self/cgroup names a path that does not exist under
-    it: the mount itself is the answer. On a host (or a job runner) the mount is the whole
-    hierarchy and the process's own directory lies below it, e.g. memory/process_api/<id>.
-    """
+    """The process's own cgroup v1 directory of `controller` under `root/mount`: in a
+    container (own cgroup namespace, or Docker's bind) the mount itself, as /proc/self/cgroup
+    names a path not under it; on a host or job runner the directory below the whole
+    hierarchy's mount, e.g. memory/process_api/<id>."""
     base = root / mount
     for line in (_self_cgroup(root, self_cgroup) or "").splitlines():
         parts = line.split(":", 2)
@@ -90,20 +86,15 @@ def _own_v1_dir(root: Path, controller: str, mount: str, self_cgroup: str | None
 def _v1_memory_limit(d: Path) -> int | None:
     """The effective v1 limit of `d`: its own or an ancestor's, whichever is lower."""
     mem = _read(d / "memory.limit_in_bytes")
-    limit = _int(mem, d / "memory.limit_in_bytes") if mem else None
-    for line in (_read(d / "memory.stat") or "").splitlines():
-        key, _, value = line.partition(" ")
-        if key == "hierarchical_memory_limit" and value.strip().isdigit():
-            limit = int(value) if limit is None else min(limit, int(value))
-    return limit if limit is not None and limit < _V1_UNLIMITED else None
+    limits = [_int(mem, d / "memory.limit_in_bytes") if mem else None,
+              _field(_read(d / "memory.stat"), "hierarchical_memory_limit")]
+    limit = min((n for n in limits if n is not None), default=_V1_UNLIMITED)
+    return limit if limit < _V1_UNLIMITED else None
 
 
 def read_envelope(root: str | os.PathLike = DEFAULT_ROOT, self_cgroup: str | None = None) -> Envelope:
-    """Read memory limit, CPU quota and cpuset from cgroup v2 (preferred) or v1.
-
-    The process's own cgroup is read (`self_cgroup`: the text of /proc/self/cgroup, read
-    from the live system for the real root), falling back to the mount's top.
-    """
+    """Memory limit, CPU quota and cpuset of the process's own cgroup (`self_cgroup`: the
+    text of /proc/self/cgroup, read live for the real root; else the mount's top), v2 or v1."""
     root = Path(root)
     if (root / "cgroup.controllers").exists():
         d = _own_v2_dir(root, self_cgroup)
@@ -121,10 +112,9 @@ def read_envelope(root: str | os.PathLike = DEFAULT_ROOT, self_cgroup: str | Non
     if (root / "memory").exists() or (root / cpu_mount).exists():
         memory = _v1_memory_limit(_own_v1_dir(root, "memory", "memory", self_cgroup))
         cpu_dir = _own_v1_dir(root, "cpu", cpu_mount, self_cgroup)
-        q = _read(cpu_dir / "cpu.cfs_quota_us")
-        p = _read(cpu_dir / "cpu.cfs_period_us")
-        q_n = _int(q, cpu_dir / "cpu.cfs_quota_us") if q else None
-        quota = q_n if q_n is not None and q_n > 0 else None
+        q, p = _read(cpu_dir / "cpu.cfs_quota_us"), _read(cpu_dir / "cpu.cfs_period_us")
+        quota = _int(q, cpu_dir / "cpu.cfs_quota_us") if q else None
+        quota = quota if quota is not None and quota > 0 else None  # -1: no quota
         period = _int(p, cpu_dir / "cpu.cfs_period_us") if (p and quota is not None) else None
         cpuset_dir = _own_v1_dir(root, "cpuset", "cpuset", self_cgroup)
         cpuset = _read(cpuset_dir / "cpuset.effective_cpus") or _read(cpuset_dir / "cpuset.cpus")
@@ -151,9 +141,8 @@ class MemoryState:
     @property
     def working_set_bytes(self) -> int | None:
         """Usage less inactive page cache: what counts toward an OOM kill (as `docker stats`)."""
-        if self.usage_bytes is None:
-            return None
-        return max(self.usage_bytes - (self.inactive_file_bytes or 0), 0)
+        usage = self.usage_bytes
+        return None if usage is None else max(usage - (self.inactive_file_bytes or 0), 0)
 
     def as_dict(self) -> dict:
         return {"version": self.version, "path": self.path, "usage_bytes": self.usage_bytes,
@@ -181,21 +170,18 @@ def memory_at(path: str | os.PathLike, version: int) -> MemoryState | None:
     if not d.is_dir():
         return None
     if version == 2:
-        limit = None
-        node = d
-        while (node / "cgroup.controllers").exists():  # the lowest limit up to the mount
-            text = _read(node / "memory.max")
-            if text and text != "max" and text.isdigit():
-                limit = int(text) if limit is None else min(limit, int(text))
-            if node.parent == node:
+        limits = []
+        for node in (d, *d.parents):  # the lowest limit up to the mount
+            if not (node / "cgroup.controllers").exists():
                 break
-            node = node.parent
+            limits.append(_opt_int(node / "memory.max"))  # None for "max"
+        limit = min((n for n in limits if n is not None), default=None)
         return MemoryState(2, str(d), _opt_int(d / "memory.current"), limit,
                            _opt_int(d / "memory.peak"),
                            _field(_read(d / "memory.events"), "oom_kill"),
                            _field(_read(d / "memory.stat"), "inactive_file"))
     stat = _read(d / "memory.stat")
-    inactive = _field(stat, "total_inactive_file")
+    inactive = _field(stat, "total_inactive_file")  # hierarchical; inactive_file: this level
     return MemoryState(1, str(d), _opt_int(d / "memory.usage_in_bytes"), _v1_memory_limit(d),
                        _opt_int(d / "memory.max_usage_in_bytes"),
                        _field(_read(d / "memory.oom_control"), "oom_kill"),

@@ -1,18 +1,15 @@
 """`aleph env check`: is this the E1 environment, a known host variant, or drifted?
 
 Expected sets, all read from the source tree the code runs from:
-- image: `pip_freeze.txt` plus the seed's software table (`aleph.env.seed`): Python
-  3.11.10 built with GCC 11.4.0, torch 2.4.1+cu124, CUDA 12.4, cuDNN 90100, triton 3.0.0;
+- image: `pip_freeze.txt` plus the seed's software table (`aleph.env.seed`);
 - host: `lockfiles/host.txt` + `dev.txt` + `dev-sdist.txt` on any CPython 3.11 (the
-  dev/test venv made by ./aleph-dev: PyPI torch 2.4.1, CUDA 12.1 build).
-- cpu-image: `lockfiles/host.txt` alone on any CPython 3.11, recognised only inside the
-  CPU image (docker/Dockerfile.cpu sets ALEPH_IMAGE_VARIANT=cpu).
-Non-strict, a known variant passes and is named; strict compares against the image
-only, so the image build and `docker compose run tests` fail on any difference. The CPU
-image is the one exception, declared by the image itself: strict there means exactly
-its own lock, and the verdict names it as the CPU variant, never as the seed's image.
-`compare()` takes every live fact as a parameter so tests doctor an environment
-without touching the real one.
+  dev/test venv made by ./aleph-dev: PyPI torch 2.4.1, CUDA 12.1 build);
+- cpu-image: `lockfiles/host.txt` alone on any CPython 3.11, only inside the CPU image
+  (docker/Dockerfile.cpu sets ALEPH_IMAGE_VARIANT=cpu).
+Non-strict, a known variant passes and is named; strict compares against the image only
+(the image build and `docker compose run tests` fail on any difference), except in the CPU
+image, where strict means exactly its own lock. `compare()` takes every live fact as a
+parameter so tests doctor an environment without touching the real one.
 """
 
 from __future__ import annotations
@@ -22,13 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aleph.env import facts as live
-from aleph.env.pins import (
-    comparable,
-    diff_packages,
-    freeze_sha256,
-    installed_packages,
-    parse_pins,
-)
+from aleph.env.pins import comparable, diff_packages, freeze_sha256, installed_packages, parse_pins
 from aleph.env.seed import SEED_FACTS, SEED_PACKAGES
 from aleph.errors import ConfigError
 
@@ -67,11 +58,8 @@ class CheckResult:
 
 
 def load_pins(root: str | Path = REPO_ROOT) -> Pins:
-    """Read the freeze (required) and the host variant: host.txt plus the dev locks.
-
-    The host variant exists only when lockfiles/host.txt does; its dev locks (dev.txt,
-    and dev-sdist.txt for the tools built from source) are added when present.
-    """
+    """Read the freeze (required) and, when lockfiles/host.txt exists, the host variant:
+    host.txt plus the dev locks present (dev.txt, dev-sdist.txt: tools built from source)."""
     root = Path(root)
     image = parse_pins(root / "pip_freeze.txt")
     host_path = root / "lockfiles" / "host.txt"
@@ -91,13 +79,8 @@ def load_pins(root: str | Path = REPO_ROOT) -> Pins:
 
 
 def _fact_drifts(facts: dict, expected: dict[str, str]) -> list[Drift]:
-    out = []
-    for key, exp in expected.items():
-        got = facts.get(key)
-        got = None if got is None else str(got)
-        if got != exp:
-            out.append(Drift("fact", key, exp, got))
-    return out
+    found = {k: None if facts.get(k) is None else str(facts[k]) for k in expected}
+    return [Drift("fact", k, exp, found[k]) for k, exp in expected.items() if found[k] != exp]
 
 
 def _package_drifts(installed: dict[str, str], expected: dict[str, str]) -> list[Drift]:
@@ -109,15 +92,9 @@ def image_drifts(installed: dict[str, str], facts: dict, pins: Pins) -> list[Dri
     seed_live = {n: installed.get(n) for n in SEED_PACKAGES}
     drifts = _fact_drifts(facts, SEED_FACTS) + _package_drifts(installed, pins.image)
     # Seed rows also catch a freeze that was edited to agree with a drifted image.
-    drifts += [
-        Drift("package", n, v, seed_live[n]) for n, v in SEED_PACKAGES.items() if seed_live[n] != v
-    ]
-    seen, out = set(), []
-    for d in drifts:
-        if d not in seen:
-            seen.add(d)
-            out.append(d)
-    return out
+    drifts += [Drift("package", n, v, seed_live[n])
+               for n, v in SEED_PACKAGES.items() if seed_live[n] != v]
+    return list(dict.fromkeys(drifts))
 
 
 def _host_drifts(installed: dict[str, str], facts: dict, host: dict[str, str]) -> list[Drift]:
@@ -162,10 +139,8 @@ def check_environment(strict: bool = False, root: str | Path = REPO_ROOT) -> Che
 
 def environment_summary(root: str | Path = REPO_ROOT, runner: live.Runner = live.run_tool) -> dict:
     """JSON-able facts for run manifests. Never raises on a machine without GPU or pins."""
-    installed = installed_packages()
-    facts = live.runtime_facts()
-    summary = dict(facts)
-    summary.update(live.gpu_facts(runner))
+    installed, facts = installed_packages(), live.runtime_facts()
+    summary = {**facts, **live.gpu_facts(runner)}
     try:
         pins = load_pins(root)
         summary["variant"] = compare(installed, facts, pins, strict=False,
@@ -198,16 +173,12 @@ def verdict(result: CheckResult) -> str:
     if result.variant == "image":
         return "verdict: image: matches pip_freeze.txt and the seed table exactly"
     if result.variant == "host":
-        return (
-            "verdict: host variant (lockfiles/host.txt + dev locks); "
-            f"{result.image_drift_count} differences from the image not shown (use --strict)"
-        )
+        return ("verdict: host variant (lockfiles/host.txt + dev locks); "
+                f"{result.image_drift_count} differences from the image not shown (use --strict)")
     if result.variant == "cpu-image":
-        return (
-            "verdict: CPU image variant (lockfiles/host.txt on CPython 3.11, no CUDA): matches "
-            f"its lock exactly; not the seed's image ({result.image_drift_count} differences "
-            "from pip_freeze.txt and the seed table)"
-        )
+        return ("verdict: CPU image variant (lockfiles/host.txt on CPython 3.11, no CUDA): matches "
+                f"its lock exactly; not the seed's image ({result.image_drift_count} differences "
+                "from pip_freeze.txt and the seed table)")
     if result.strict and result.reference == "cpu-image":
         mode = "strict, against the CPU image's lockfiles/host.txt"
     elif result.strict:

@@ -24,9 +24,7 @@ def run_tool(args: list[str]) -> str | None:
     if shutil.which(args[0]) is None:
         return None
     try:
-        proc = subprocess.run(
-            args, capture_output=True, text=True, timeout=_SMI_TIMEOUT_S, check=False
-        )
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=_SMI_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None
@@ -40,42 +38,29 @@ def _dist_version(name: str) -> str | None:
 
 
 def runtime_facts() -> dict:
-    """python, compiler, torch, cuda, cudnn (int), triton, as this interpreter sees them.
-
-    torch is imported (about 1 s) because CUDA and cuDNN must be the versions torch
-    actually loads (its pip-installed nvidia wheels), not the base image's system copies.
-    """
-    facts = {
-        "python": platform.python_version(),
-        "compiler": platform.python_compiler(),
-        "torch": None,
-        "cuda": None,
-        "cudnn": None,
-        # From metadata: importing triton costs seconds and tells nothing more.
-        "triton": _dist_version("triton"),
-    }
+    """python, compiler, torch, cuda, cudnn (int), triton, as this interpreter sees them;
+    torch is imported (about 1 s): CUDA and cuDNN are the versions torch loads (its nvidia
+    wheels), not the base image's system copies."""
+    facts = {"python": platform.python_version(), "compiler": platform.python_compiler(),
+             "torch": None, "cuda": None, "cudnn": None,
+             # From metadata: importing triton costs seconds and tells nothing more.
+             "triton": _dist_version("triton")}
     try:
         import torch
     except Exception:  # absent, or a broken build (e.g. libcublas missing): report None
         return facts
-    facts["torch"] = torch.__version__
-    facts["cuda"] = torch.version.cuda
+    facts["torch"], facts["cuda"] = torch.__version__, torch.version.cuda
     try:
         facts["cudnn"] = torch.backends.cudnn.version()
-    except Exception:  # cuDNN library missing or unloadable
-        facts["cudnn"] = None
+    except Exception:  # cuDNN library missing or unloadable: stays None
+        pass
     return facts
 
 
 def gpu_facts(runner: Runner = run_tool) -> dict:
     """{"driver": str | None, "gpus": [{name, memory_mib, uuid}]} from nvidia-smi."""
-    out = runner(
-        [
-            "nvidia-smi",
-            "--query-gpu=name,memory.total,uuid,driver_version",
-            "--format=csv,noheader,nounits",
-        ]
-    )
+    out = runner(["nvidia-smi", "--query-gpu=name,memory.total,uuid,driver_version",
+                  "--format=csv,noheader,nounits"])
     gpus, driver = [], None
     for line in (out or "").splitlines():
         parts = [p.strip() for p in line.split(",")]

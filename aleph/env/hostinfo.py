@@ -34,9 +34,8 @@ def cpu_model(proc: Path = Path("/proc")) -> str | None:
 def visible_vcpus(proc: Path = Path("/proc")) -> int | None:
     """Logical CPUs the kernel shows (cpuinfo `processor` entries), not the quota."""
     text = _read(proc / "cpuinfo")
-    if text is None:
-        return None
-    return sum(1 for line in text.splitlines() if line.split(":")[0].strip() == "processor")
+    return None if text is None else sum(
+        line.split(":")[0].strip() == "processor" for line in text.splitlines())
 
 
 def meminfo_bytes(key: str, proc: Path = Path("/proc")) -> int | None:
@@ -55,8 +54,7 @@ def mem_total_bytes(proc: Path = Path("/proc")) -> int | None:
 def container_id(proc: Path = Path("/proc")) -> str | None:
     """The 64-hex container id from mountinfo (Docker's /etc/hostname bind) or cgroup paths."""
     for name in ("self/mountinfo", "self/cgroup"):
-        m = _CONTAINER_ID.search(_read(proc / name) or "")
-        if m:
+        if m := _CONTAINER_ID.search(_read(proc / name) or ""):
             return m.group(1)
     return None
 
@@ -64,27 +62,20 @@ def container_id(proc: Path = Path("/proc")) -> str | None:
 def parse_cpulist(text: str) -> set[int]:
     """`0-23,48-71` -> {0..23, 48..71}."""
     cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
+    for lo, _, hi in (part.partition("-") for part in text.strip().split(",") if part):
         cpus.update(range(int(lo), int(hi or lo) + 1))
     return cpus
 
 
 def format_cpulist(cpus: set[int] | list[int]) -> str:
     """{0..23, 48..71} -> `0-23,48-71`."""
-    ranges, run = [], []
+    ranges: list[list[int]] = []  # [first, last] of each run of consecutive CPUs
     for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            ranges.append(run)
-        run = [c]
-    if run:
-        ranges.append(run)
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in ranges)
+        if ranges and c == ranges[-1][1] + 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def affinity() -> set[int] | None:
@@ -99,12 +90,9 @@ def numa_nodes(cpus: set[int], sys_root: Path = Path("/sys")) -> list[int] | Non
     base = sys_root / "devices" / "system" / "node"
     if not base.is_dir():
         return None
-    nodes = []
-    for d in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
-        listed = _read(d / "cpulist")
-        if listed is not None and parse_cpulist(listed) & cpus:
-            nodes.append(int(d.name[4:]))
-    return nodes
+    nodes = sorted(int(d.name[4:]) for d in base.glob("node[0-9]*"))
+    return [n for n in nodes
+            if (listed := _read(base / f"node{n}" / "cpulist")) and parse_cpulist(listed) & cpus]
 
 
 def kernel_release(proc: Path = Path("/proc")) -> str | None:
@@ -146,16 +134,9 @@ def storage(path: str | os.PathLike, proc: Path = Path("/proc")) -> dict:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     usage = shutil.disk_usage(probe)
-    out = {
-        "path": str(p),
-        "exists": p.exists(),
-        "total_bytes": usage.total,
-        "free_bytes": usage.free,
-    }
-    out.update(
-        mount_of(probe.resolve(), proc) or {"mount_point": None, "fstype": None, "source": None}
-    )
-    return out
+    mount = mount_of(probe.resolve(), proc) or dict.fromkeys(("mount_point", "fstype", "source"))
+    return {"path": str(p), "exists": p.exists(), "total_bytes": usage.total,
+            "free_bytes": usage.free, **mount}
 
 
 def pick_device(name: str, what: str, index: int | None = None):

@@ -41,18 +41,13 @@ COMPILE_CHECKPOINT_REASON = (
 )
 
 
-def torch_version_tuple(version: str | None = None) -> tuple[int, int]:
-    """(major, minor) of a torch version string such as '2.4.1+cu124'."""
-    version = version or torch.__version__
-    m = re.match(r"(\d+)\.(\d+)", version)
-    if not m:
-        raise ValueError(f"cannot parse torch version {version!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
 def compile_checkpoint_exclusive(version: str | None = None) -> bool:
-    """True when this torch cannot compile a model whose blocks are checkpointed."""
-    return torch_version_tuple(version) < COMPILE_CHECKPOINT_FIXED
+    """True when this torch (or `version`, e.g. '2.4.1+cu124') cannot compile a model whose
+    blocks are checkpointed."""
+    version = version or torch.__version__
+    if not (m := re.match(r"(\d+)\.(\d+)", version)):
+        raise ValueError(f"cannot parse torch version {version!r}")
+    return (int(m[1]), int(m[2])) < COMPILE_CHECKPOINT_FIXED
 
 
 def check_compile_checkpointing(compile: bool, checkpointing: bool, version: str | None = None) -> None:

@@ -46,12 +46,10 @@ def _logical_lines(text: str):
 
 
 def parse_pins(path: str | Path) -> dict[str, str]:
-    """`{normalised name: version}` from a freeze or a hash-locked requirements file.
-
-    Accepts `name==version`, `--hash=` options after a pin, comments, and option lines
-    (`--index-url ...`). Anything else, or a name pinned twice, raises ConfigError with
-    the file and line, because an unparsed line would silently drop a package from the check.
-    """
+    """`{normalised name: version}` from a freeze or a hash-locked requirements file:
+    `name==version` lines, `--hash=` options, comments and option lines. Anything else, or a
+    name pinned twice, is a ConfigError naming file and line (else a package would silently
+    drop out of the check)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -69,10 +67,8 @@ def parse_pins(path: str | Path) -> dict[str, str]:
             continue
         m = _PIN.match(line)
         if not m:
-            raise ConfigError(
-                f"{path}:{lineno}: expected 'name==version' (optionally with --hash), "
-                f"found {line!r}"
-            )
+            raise ConfigError(f"{path}:{lineno}: expected 'name==version' (optionally with "
+                              f"--hash), found {line!r}")
         name = normalise(m.group(1))
         if name in pins:
             raise ConfigError(f"{path}:{lineno}: {name} is pinned twice")
@@ -85,10 +81,8 @@ def installed_packages(path: list[str] | None = None) -> dict[str, str]:
     found: dict[str, str] = {}
     for dist in metadata.distributions(path=path) if path else metadata.distributions():
         name, version = _name_version(dist)
-        if not name:
-            continue  # a broken .dist-info without a name; pip ignores these too
-        # First on the path wins, as for imports.
-        found.setdefault(normalise(name), version)
+        if name:  # a broken .dist-info without a name is skipped, as pip does
+            found.setdefault(normalise(name), version)  # first on the path wins, as imports
     return {n: v for n, v in found.items() if n not in SELF_NAMES}
 
 
@@ -125,15 +119,10 @@ def comparable(installed: dict[str, str], expected: dict[str, str]) -> dict[str,
     return {n: v for n, v in installed.items() if n not in INSTALLER_NAMES or n in expected}
 
 
-def diff_packages(
-    installed: dict[str, str], expected: dict[str, str]
-) -> list[tuple[str, str | None, str | None]]:
+def diff_packages(installed: dict[str, str],
+                  expected: dict[str, str]) -> list[tuple[str, str | None, str | None]]:
     """Sorted `(name, expected, found)` for every package whose version differs or that is
     missing (found None) or extra (expected None)."""
     live = comparable(installed, expected)
-    out = []
-    for name in sorted(set(live) | set(expected)):
-        exp, got = expected.get(name), live.get(name)
-        if exp != got:
-            out.append((name, exp, got))
-    return out
+    return [(n, expected.get(n), live.get(n)) for n in sorted(set(live) | set(expected))
+            if expected.get(n) != live.get(n)]

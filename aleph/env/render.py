@@ -7,6 +7,7 @@ can tell "no limit" from "not captured".
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from aleph.env.cgroup import format_bytes
 
@@ -19,11 +20,8 @@ def cudnn_label(version: int | None) -> str:
     """90100 -> `9.1.0 (90100)`; cuDNN 8 encodes major*1000 + minor*100 + patch."""
     if version is None:
         return "absent (torch reports no cuDNN)"
-    if version >= 90000:
-        major, minor, patch = version // 10000, version % 10000 // 100, version % 100
-    else:
-        major, minor, patch = version // 1000, version % 1000 // 100, version % 100
-    return f"{major}.{minor}.{patch} ({version})"
+    major = 10000 if version >= 90000 else 1000
+    return f"{version // major}.{version % major // 100}.{version % 100} ({version})"
 
 
 def peer_links(topology: str | None) -> str | None:
@@ -49,11 +47,7 @@ def _software_rows(sw: dict) -> list[tuple[str, str]]:
         ("CUDA (torch)", _v(sw["cuda"], "CPU-only torch or torch absent")),
         ("cuDNN", cudnn_label(sw["cudnn"])),
         ("Triton", _v(sw["triton"])),
-        *[
-            (label, _v(version))
-            for label, version in p.items()
-            if label not in ("torchvision", "torchaudio")
-        ],
+        *[(label, _v(v)) for label, v in p.items() if label not in ("torchvision", "torchaudio")],
         ("torchvision / torchaudio", f"{_v(p['torchvision'])} / {_v(p['torchaudio'])}"),
         ("NVIDIA driver", _v(sw["driver"], "no nvidia-smi or no GPU")),
         ("OS / kernel", f"{_v(sw['os'], 'no /etc/os-release')} / {sw['kernel']}"),
@@ -64,26 +58,20 @@ def _gpu_rows(hw: dict) -> list[tuple[str, str]]:
     gpus = hw["gpus"]
     if not gpus:
         return [("GPUs", "absent (nvidia-smi found no GPU)")]
-    kinds = sorted({(g["name"], g["memory_mib"]) for g in gpus})
-    desc = "; ".join(
-        f"{sum(1 for g in gpus if (g['name'], g['memory_mib']) == k)} × {k[0]}, {k[1]:,} MiB each"
-        for k in kinds
-    )
+    kinds = Counter((g["name"], g["memory_mib"]) for g in gpus)
+    desc = "; ".join(f"{n} × {name}, {mib:,} MiB each" for (name, mib), n in sorted(kinds.items()))
     link = peer_links(hw["gpu_topology"])
     if len(gpus) > 1:
-        desc += (
-            f", {link} peer link" if link else ", peer link absent (nvidia-smi topo unavailable)"
-        )
+        desc += (f", {link} peer link" if link
+                 else ", peer link absent (nvidia-smi topo unavailable)")
     return [("GPUs", desc), ("GPU UUIDs", ", ".join(g["uuid"] for g in gpus))]
 
 
 def _storage(s: dict) -> str:
     where = f"{s['fstype']} at {s['mount_point']}" if s.get("fstype") else "filesystem unknown"
     missing = "" if s["exists"] else " (not created yet; figures are of its parent)"
-    return (
-        f"{s['total_bytes'] / 1e9:,.1f} GB total, {s['free_bytes'] / 1e9:,.1f} GB free, "
-        f"{where}{missing}"
-    )
+    return (f"{s['total_bytes'] / 1e9:,.1f} GB total, {s['free_bytes'] / 1e9:,.1f} GB free, "
+            f"{where}{missing}")
 
 
 def _envelope_rows(hw: dict) -> list[tuple[str, str]]:
@@ -93,31 +81,22 @@ def _envelope_rows(hw: dict) -> list[tuple[str, str]]:
         return [("Container memory quota", none), ("Container CPU quota", none)]
     mem = e["memory_limit_bytes"]
     mem_s = format_bytes(mem) if mem is not None else "absent (no cgroup memory limit)"
-    if e["cpu_quota_us"] is None:
-        cpu_s = "absent (no cgroup CPU quota)"
-    else:
-        cpu_s = (
-            f"{e['cpu_cores']:.2f} cores (cfs quota {e['cpu_quota_us']:,} / "
-            f"period {e['cpu_period_us']:,})"
-        )
+    cpu_s = ("absent (no cgroup CPU quota)" if e["cpu_quota_us"] is None else
+             f"{e['cpu_cores']:.2f} cores (cfs quota {e['cpu_quota_us']:,} / "
+             f"period {e['cpu_period_us']:,})")
     v = e["cgroup_version"]
-    return [
-        (f"Container memory quota (cgroup v{v})", mem_s),
-        (f"Container CPU quota (cgroup v{v})", cpu_s),
-    ]
+    return [(f"Container memory quota (cgroup v{v})", mem_s),
+            (f"Container CPU quota (cgroup v{v})", cpu_s)]
 
 
 def _hardware_rows(hw: dict) -> list[tuple[str, str]]:
     nodes = hw["numa_nodes"]
     numa = "node " + ",".join(map(str, nodes)) if nodes else "absent (no NUMA topology exposed)"
-    ram = hw["host_ram_bytes_visible"]
-    cid = hw["container_id"]
-    st = hw["storage"]
+    ram, cid, st = hw["host_ram_bytes_visible"], hw["container_id"], hw["storage"]
     cpu = _v(hw["host_cpu_model"], "no model name")
-    vcpus = _v(hw["host_vcpus_visible"], "unknown")
     return [
         *_gpu_rows(hw),
-        ("Host CPU", f"{cpu}, {vcpus} vCPU visible"),
+        ("Host CPU", f"{cpu}, {_v(hw['host_vcpus_visible'], 'unknown')} vCPU visible"),
         ("Host RAM", f"{format_bytes(ram)} visible" if ram else "absent (no /proc/meminfo)"),
         *_envelope_rows(hw),
         ("cpuset (cgroup)", _v(hw["envelope"]["cpuset"], "not readable")),
@@ -134,12 +113,11 @@ def _table(rows: list[tuple[str, str]], head: tuple[str, str]) -> list[str]:
 
 
 def render_markdown(record: dict) -> str:
+    rev = record.get("aleph_revision")
     lines = [
         "AlephLM-0 E1 — execution environment",
         f"Captured {record['captured_utc']} by `aleph env capture`"
-        + (
-            f" (code revision {record['aleph_revision']})." if record.get("aleph_revision") else "."
-        ),
+        + (f" (code revision {rev})." if rev else "."),
         "",
         "Software",
         *_table(_software_rows(record["software"]), ("component", "version")),

@@ -32,9 +32,3 @@ SEED_PACKAGES: dict[str, str] = {
     "torchaudio": "2.4.1+cu124",
 }
 
-# Recorded, not checked: they belong to the host, not the image.
-SEED_HOST = {
-    "driver": "570.195.03",
-    "os": "Ubuntu 22.04.5 LTS",
-    "kernel": "6.8.0-64-generic",
-}

@@ -18,17 +18,15 @@ import torch
 
 from aleph._faults import fault_point
 from aleph.targets.finalize import finalize, layout, make_manifest
-from aleph.targets.format import DTYPES, PARTIAL_FILE, PROGRESS_FILE, TORCH_RAW
+from aleph.targets.format import PARTIAL_FILE, PROGRESS_FILE, raw_view, tensor_view
 from aleph.targets.sources import ChunkInfo, open_chunk
 from aleph.targets.writer import preallocate, report_nonfinite, write_chunk
 
 
 def _load(info: ChunkInfo) -> torch.Tensor:
     """The whole chunk as an in-memory tensor (rows_k, D), like torch.load without mmap."""
-    torch_dtype, itemsize = DTYPES[info.dtype][:2]
     with open_chunk(info) as raw:
-        copy = np.array(raw)  # (rows_k, D) raw bits, now in anonymous memory
-    return torch.from_numpy(copy.view(f"<i{itemsize}")).view(torch_dtype)
+        return tensor_view(np.array(raw), info.dtype)  # (rows_k, D) in anonymous memory
 
 
 def build_in_ram(store_dir: Path, infos: list[ChunkInfo], fingerprint: str,
@@ -38,9 +36,8 @@ def build_in_ram(store_dir: Path, infos: list[ChunkInfo], fingerprint: str,
     full = torch.cat(parts)  # (N, D); parts and result are both alive here: the peak
     del parts
     fault_point("concatenated")
-    dtype = infos[0].dtype
-    itemsize = DTYPES[dtype][1]
-    raw = full.view(TORCH_RAW[itemsize]).numpy().view(DTYPES[dtype][2])  # (N, D) same memory
+    dtype, itemsize = infos[0].dtype, full.element_size()
+    raw = raw_view(full)  # (N, D) same memory
     (store_dir / PROGRESS_FILE).unlink(missing_ok=True)  # a streaming build's leftovers
     fd = preallocate(str(store_dir / PARTIAL_FILE), full.numel() * itemsize)
     hashes, nf_all, row_bytes = [], [], full.shape[1] * itemsize

@@ -1,15 +1,12 @@
 """Row blocks in and out of chunk files, for the passes that make targets (extract, consensus).
 
 - `regular_chunks(directory)`: the chunk files of a directory in row order, each checked
-  to be a regular file with os.stat before anything opens it (a FIFO named `x.npy` is
-  refused, never opened, so it cannot hang the pass).
-- `float_blocks(info, rows)`: a chunk's rows as float32 torch blocks (rows x dim), read
-  through the zero-copy mapping of `sources.open_chunk` (.pt only with weights_only=True).
-- `ChunkWriter`: one fp16 output chunk (.npy, .safetensors or .pt by its suffix, the
-  formats `sources.inspect_chunk` reads), filled block by block into a memory-mapped
-  `.NAME.partial` file, fsynced and renamed into place on `commit()`: a reader sees no
-  chunk or a complete one, and a killed pass leaves only the partial, which the next pass
-  overwrites.
+  with os.stat to be a regular file before anything opens it (a FIFO is never opened).
+- `float_blocks` / `take_rows`: a chunk's rows as float32 torch blocks, read through the
+  zero-copy mapping of `sources.open_chunk` (.pt only with weights_only=True).
+- `ChunkWriter`: one fp16 output chunk (.npy, .safetensors or .pt by its suffix), filled
+  block by block into a mapped `.NAME.partial` file, fsynced and renamed into place on
+  `commit()`: a reader sees no chunk or a complete one.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ import torch
 
 from aleph._io import fsync_dir, open_write_nofollow
 from aleph.errors import StoreError
+from aleph.targets.format import tensor_view
 from aleph.targets.sources import SUFFIXES, ChunkInfo, chunk_files_in, open_chunk
 
 BLOCK_ROWS = 16384  # rows per block: 16384 x 768 x 4 B = 48 MiB of float32 per teacher
@@ -52,12 +50,8 @@ def regular_chunks(directory: str | os.PathLike) -> list[str]:
 
 def _as_float32(raw: np.ndarray, dtype: str) -> torch.Tensor:
     """Raw unsigned rows (n, dim) of `dtype` -> float32 tensor (n, dim), a copy."""
-    raw = np.array(raw)  # a writable contiguous copy out of the (read-only) mapping
-    if dtype == "float32":
-        return torch.from_numpy(raw.view("<f4"))
-    if dtype == "float16":
-        return torch.from_numpy(raw.view("<f2")).float()
-    return torch.from_numpy(raw.view("<i2")).view(torch.bfloat16).float()  # bfloat16
+    # np.array: a writable contiguous copy out of the (read-only) mapping
+    return tensor_view(np.array(raw), dtype).float()
 
 
 def float_blocks(info: ChunkInfo, rows: int = BLOCK_ROWS) -> Iterator[tuple[int, torch.Tensor]]:

@@ -1,31 +1,25 @@
 """`aleph targets consensus`: one target per row from k teachers' chunk directories.
 
-Each teacher directory holds chunk files with the same names and row counts (rows x dim,
-.npy/.pt/.safetensors; `check_inputs` refuses anything else with one line, before anything
-is written). The pass:
+Each teacher directory holds chunk files with the same names and row counts (`check_inputs`
+refuses anything else in one line, before anything is written; a directory of an extraction
+must hold every chunk of its plan: `extract_plan.require_extracted`). The pass:
 
 1. hashes every input file (sha256, recorded in consensus.json);
-2. streams up to `fit_rows` rows, evenly spaced over all rows, into the Gram sums of
-   `procrustes.GramAccumulator` (memory: k^2 dim^2 x 8 B, not the sample, not the rows);
-3. fits the generalized Procrustes rotations (`procrustes.fit_gpa`, iterated to convergence;
-   optional ZCA whitening) and writes them to `consensus-rotations.st` (safetensors);
-4. applies them chunk by chunk in blocks: consensus row = L2-normalise(sum_i (x_i - mean_i)
-   @ W_i R_i) in float32, cast to fp16, into an output chunk of the same name (same
-   format), so OUT is a target directory `aleph targets build` and `targets=` read as is;
+2. streams up to `fit_rows` evenly spaced rows into `procrustes.GramAccumulator` (memory:
+   k^2 dim^2 x 8 B, whatever the row count), refused first when `procrustes.fit_memory`
+   exceeds `budget.memory_budget`;
+3. fits the generalized Procrustes rotations (`procrustes.fit_gpa`, optional ZCA
+   whitening) into `consensus-rotations.st` (safetensors);
+4. applies them chunk by chunk: row = L2-normalise(sum_i (x_i - mean_i) @ W_i R_i) in
+   float32, cast to fp16, into an output chunk of the same name and format, so OUT is a
+   target directory `aleph targets build` and `targets=` read as is;
 5. writes `consensus.json` last: OUT is complete exactly when it exists.
 
-Teacher directories of an extraction (its `extract-plan.json` in their parent) must hold
-every chunk of the plan: while a shard has not finished, the consensus is refused in one
-line naming the first missing chunk (`extract_plan.require_extracted`).
-
-A killed or stopped pass resumes: `.consensus-state.json` records the fit (keyed on the inputs' path,
-size and mtime and the options) and each finished chunk, which is never redone.
-
-Refused in one line: a fit whose memory (`procrustes.fit_memory`) exceeds what this process
-may allocate (`budget.memory_budget`), before OUT is made or anything allocated; a teacher
-row holding a NaN or Inf (named by teacher, chunk and row), in the fit sample before the fit
-and elsewhere before its consensus chunk is published; a state or result file in OUT that
-is not a JSON object of the expected fields (a list, 100k-deep nesting, over 64 MiB).
+A stopped pass resumes: `.consensus-state.json` records the fit (keyed on the inputs' path,
+size and mtime and the options) and each finished chunk, never redone. A NaN or Inf teacher
+row is refused naming teacher, chunk and row (in the fit sample before the fit, elsewhere
+before its consensus chunk is published); so is a state or result file that is not a JSON
+object of the expected fields.
 """
 
 from __future__ import annotations
@@ -161,11 +155,9 @@ def save_rotations(path: Path, fit: GpaFit) -> str:
     """The rotations file (safetensors, float64: rotation_i, mean_i, whitener_i); returns its sha256."""
     from safetensors.torch import save
 
-    tensors = {}
-    for i, (r, m, w) in enumerate(zip(fit.rotations, fit.means, fit.whiteners, strict=True)):
-        tensors |= {f"rotation_{i}": r.cpu().clone(), f"mean_{i}": m.cpu().clone(),
-                    f"whitener_{i}": w.cpu().clone()}  # clone: no shared storage
-    data = save(tensors)
+    parts = {"rotation": fit.rotations, "mean": fit.means, "whitener": fit.whiteners}
+    data = save({f"{name}_{i}": t.cpu().clone()  # clone: no shared storage
+                 for name, ts in parts.items() for i, t in enumerate(ts)})
     atomic_write_bytes(path, data)
     return sha256_bytes(data)
 
@@ -194,6 +186,8 @@ def apply_chunk(inp: Inputs, c: int, maps: torch.Tensor, bias: torch.Tensor, out
 _STATE_FIELDS = {"key": str, "hashes": list, "fit_rows_used": int, "done": dict,
                  "rotations_sha256": str, "fit": dict}
 _RESULT_FIELDS = {"key": str}
+_FIT_FIELDS = ("iterations", "converged", "objective", "objective_trace", "residuals",
+               "relative_residuals")
 _RECORD_MAX = 64 << 20  # a record of a million chunks is ~100 MiB less than this allows
 
 
@@ -259,10 +253,7 @@ def run_consensus(teacher_dirs: list[str], out: str | os.PathLike,
              + " ".join(f"{r:.4f}" for r in fit.relative_residuals))
         state = {"key": key, "hashes": hashes, "fit_rows_used": acc.rows, "done": {},
                  "rotations_sha256": save_rotations(out / ROTATIONS_FILE, fit),
-                 "fit": {"iterations": fit.iterations, "converged": fit.converged,
-                         "objective": fit.objective, "objective_trace": fit.objective_trace,
-                         "residuals": fit.residuals,
-                         "relative_residuals": fit.relative_residuals}}
+                 "fit": {k: getattr(fit, k) for k in _FIT_FIELDS}}
         atomic_write_json(out / STATE_FILE, state)
     maps, bias = load_maps(out / ROTATIONS_FILE, len(inp.dirs), device)
     t0, done_rows = time.monotonic(), 0

@@ -1,46 +1,35 @@
 """`aleph targets extract`: captions -> one fp16 chunk directory per teacher, rows aligned.
 
 Runs in the teacher environment (lockfiles/teachers.txt: transformers 4.x on torch 2.4.1;
-`./aleph-dev extract`, or the `extract-targets` compose service). transformers is imported
-only inside `_load`, so importing this module (or `aleph`) never touches it.
+`./aleph-dev extract`, or the `extract-targets` compose service); transformers is imported
+only inside functions, so importing this module (or `aleph`) never touches it.
 
-For each chunk c of `chunk_rows` caption rows (rows c*chunk_rows ... in caption order) and
-each teacher: tokenise (truncated to `max_length`; captions sorted by length inside the
-chunk so a batch pads little, rows put back in caption order), run the encoder (bf16 on a
-GPU, fp32 on CPU), mean-pool the last hidden state over the attention mask in fp32,
-L2-normalise, cast to fp16, write `OUT/<teacher>/chunk_<c:05d>.npy` atomically. A chunk
-file that exists is finished (it is only ever renamed into place complete) and is never
-redone; `extract-plan.json` (aleph.targets.extract_plan) pins the inputs and options a
-resumed run must match; it is published once, by the first shard to get there.
+Chunk c holds caption rows c*chunk_rows ...; per chunk and teacher: tokenise (truncated to
+`max_length`, length-sorted batches so a batch pads little), encode (bf16 on a GPU, fp32 on
+CPU), mean-pool the last hidden state over the attention mask in fp32, L2-normalise, write
+`OUT/<teacher>/chunk_<c:05d>.npy` in caption order, atomically. A chunk file that exists is
+finished and never redone; `extract-plan.json` (aleph.targets.extract_plan) pins what a
+resumed run or another shard must match.
 
-Shards: `--shard I/N` encodes the chunks c with c mod N == I (round robin: every shard gets
-full chunks and the short last one lands on one shard only); a shard that finds the chunks
-of every teacher in place writes `extract.json` and prints the consensus command. With
-several GPUs and no `--shard`, one shard process per GPU. The consensus is its own step,
-after every shard (`--consensus-out` only without `--shard`).
+`--shard I/N` encodes the chunks with c mod N == I; the shard that finds every chunk in place
+writes `extract.json` and prints the consensus command. With several GPUs and no `--shard`,
+one shard process per GPU. Any number of SIGTERM/SIGINT is one stop: the chunk being written
+is discarded, finished ones kept, one line says which and how to resume, exit 76.
 
-Stops: any number of SIGTERM/SIGINT is one stop (aleph._signals.StopFlag, 'interrupt'
-mode): the chunk being written is discarded (its partial file removed), finished chunks are
-kept, one line says which and the command that resumes, and the exit status is 76
-(errors.EXIT_STOPPED).
-
-Every teacher directory (a local one, or a hub teacher's snapshot, fetched file by file
-through the checked listing and answers of `aleph._hub`) passes
-`teacher_dir.check_model_dir` before anything of it loads: no `auto_map`, a known
-`model_type`, regular files only, no links out; every loader passes
-`trust_remote_code=False`, so no code that came with a teacher ever runs.
+Every teacher directory (local, or a hub snapshot fetched file by file through the checks of
+`aleph._hub`) passes `teacher_dir.check_model_dir` before anything of it loads, and every
+loader passes `trust_remote_code=False`: no code that came with a teacher ever runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
@@ -75,16 +64,23 @@ _MAX_MODEL_FILE_BYTES = 4 << 30  # refuse (and never hash) anything larger in a 
 
 
 def _shard(text: str | None) -> tuple[int, int]:
-    if text is None:
-        return 0, 1
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
+    m = re.fullmatch(r"(\d+)/(\d+)", "0/1" if text is None else text)
+    if not m or int(m[1]) >= int(m[2]):
         raise ConfigError(f"--shard {text!r}: expected I/N, two integers with 0 <= I < N "
-                          "(e.g. 0/3, 1/3, 2/3)") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise ConfigError(f"--shard {text!r}: expected I/N with 0 <= I < N (e.g. 0/3, 1/3, 2/3)")
-    return i, n
+                          "(e.g. 0/3, 1/3, 2/3)")
+    return int(m[1]), int(m[2])
+
+
+def _hub_call(where: str, what: str, call):
+    """call(), its failure (unreachable hub, no such repo or revision) one ConfigError line."""
+    try:
+        return call()
+    except AlephError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{where}: {what}: {type(e).__name__}: "
+                          f"{short_repr(first, 200)}") from None
 
 
 def _download(spec: TeacherSpec) -> tuple[str, str, str]:
@@ -96,33 +92,18 @@ def _download(spec: TeacherSpec) -> tuple[str, str, str]:
 
     from aleph._hub import check_commit, check_repo_name, guard_hub
 
-    where = f"{spec.name}@{spec.revision or 'main'}"
+    where = f"teacher {spec.name}@{spec.revision or 'main'}"
     guard_hub()
-    try:
-        info = HfApi().model_info(spec.name, revision=spec.revision)
-    except AlephError:
-        raise
-    except Exception as e:  # unreachable hub, no such repo or revision: one line
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"teacher {where}: the hub listing failed: {type(e).__name__}: "
-                          f"{short_repr(first, 200)}") from None
-    commit = check_commit(info.sha, f"teacher {where}")
-    names = [check_repo_name(s.rfilename, f"teacher {where}@{commit[:12]}")
-             for s in info.siblings or []]
-    wanted = [n for n in names if "/" not in n and (fnmatch(n, "*.json") or fnmatch(n, "*.txt")
-                                                    or fnmatch(n, "*.model")
+    info = _hub_call(where, "the hub listing failed",
+                     lambda: HfApi().model_info(spec.name, revision=spec.revision))
+    commit = check_commit(info.sha, where)
+    names = [check_repo_name(s.rfilename, f"{where}@{commit[:12]}") for s in info.siblings or []]
+    wanted = [n for n in names if "/" not in n and (n.endswith((".json", ".txt", ".model"))
                                                     or n == "model.safetensors")]
     if "model.safetensors" not in wanted:  # no .bin: torch < 2.6 refuses them
-        raise ConfigError(f"teacher {where}: no model.safetensors (pickled .bin weights are "
-                          "not loaded)")
-    try:
-        paths = [hf_hub_download(spec.name, n, revision=commit) for n in wanted]
-    except AlephError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"teacher {where}: download failed: {type(e).__name__}: "
-                          f"{short_repr(first, 200)}") from None
+        raise ConfigError(f"{where}: no model.safetensors (pickled .bin weights are not loaded)")
+    paths = _hub_call(where, "download failed",
+                      lambda: [hf_hub_download(spec.name, n, revision=commit) for n in wanted])
     snapshot = os.path.dirname(paths[0])
     return snapshot, os.path.join(os.path.dirname(os.path.dirname(snapshot)), "blobs"), commit
 
@@ -132,8 +113,7 @@ def resolve(spec: TeacherSpec, known_types: set[str]) -> tuple[str, dict, dict]:
     the directory checked by `teacher_dir.check_model_dir` before anything loads it."""
     if spec.local:
         checked = check_model_dir(spec.name, known_types, hash_limit=_MAX_MODEL_FILE_BYTES)
-        missing = [f for f in _MODEL_FILES if f not in checked.files_sha256]
-        if missing:
+        if missing := [f for f in _MODEL_FILES if f not in checked.files_sha256]:
             raise ConfigError(f"{spec.name}: local teacher lacks {missing} (a model saved with "
                               "save_pretrained(safe_serialization=True) and its tokenizer)")
         return spec.name, {"name": spec.name, "local": True,
@@ -320,7 +300,6 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
     resolved = [resolve(s, known) for s in specs]  # every directory checked before any loads
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     plan = _plan(captions, rows, [r for _, r, _ in resolved], opts, device)
-    configs = [c for _, _, c in resolved]
     from transformers import AutoTokenizer  # the teacher environment only
 
     sample = src.head(1024)
@@ -328,12 +307,12 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
             for p, _, _ in resolved]
     mean_tokens = sum(len(t(c, truncation=True, max_length=opts.max_length)["input_ids"])
                       for t in toks for c in sample) / (len(sample) * len(toks))
-    print(estimate(configs, rows, opts.max_length, mean_tokens, opts.assume_tflops),
+    print(estimate([c for _, _, c in resolved], rows, opts.max_length, mean_tokens, opts.assume_tflops),
           file=sys.stderr, flush=True)
     if opts.estimate_only:
         return 0
     publish_plan(out, plan)
-    total = math.ceil(rows / opts.chunk_rows)
+    total = n_chunks(plan)
     n_gpu = torch.cuda.device_count()
     spawn = opts.shard is None and n_gpu > 1
     mine = [c for c in range(total) if spawn or c % shards == shard]
@@ -369,8 +348,7 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
                          f"({rows:,} rows counted): the source changed while being read")
     if shards == 1:
         return _finish(out, plan, specs, opts.consensus_out, where)
-    missing = [p for s in specs for p in missing_chunks(out, plan, s.slug)]
-    if missing:  # other shards still running, or not yet started
+    if missing := _missing(out, plan, specs):  # other shards still running, or not yet started
         print(f"{out}: shard {shard}/{shards} done: its {len(mine)} chunk(s) of every teacher "
               f"in place; {len(missing)} chunk file(s) of other shards still missing (first "
               f"{missing[0]}); the consensus runs once every shard has finished")
@@ -378,12 +356,15 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
     return _finish(out, plan, specs, None, where)
 
 
+def _missing(out: Path, plan: dict, specs: list[TeacherSpec]) -> list[Path]:
+    return [p for s in specs for p in missing_chunks(out, plan, s.slug)]
+
+
 def _finish(out: Path, plan: dict, specs: list[TeacherSpec], consensus_out: str | None,
             where: dict) -> int:
     """extract.json once every teacher has every chunk; the teachers' directories listed."""
     n = n_chunks(plan)
-    missing = [p for s in specs for p in missing_chunks(out, plan, s.slug)]
-    if missing:
+    if missing := _missing(out, plan, specs):
         raise StoreError(f"{out}: {len(missing)} chunk(s) missing after the run, first {missing[0]}")
     atomic_write_json(out / RESULT_FILE, {**plan, "chunks": n,
                                           "teacher_dirs": [s.slug for s in specs]})

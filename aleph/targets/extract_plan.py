@@ -3,18 +3,13 @@
 The plan pins what makes a chunk's bytes: the captions and their row count, the options
 that change a row (column, max_length, chunk_rows, precision) and each teacher (a hub
 commit or the sha256 of a local directory's files). It holds no shard count: chunk c is
-the same bytes whichever process makes it, so any `--shard I/N` split (chunk c belongs to
-shard c mod N) gives the chunks of one unsharded run.
+the same bytes whichever process makes it, so any `--shard I/N` split gives the chunks of
+one unsharded run.
 
-Written once, before any shard encodes: every shard computes the plan from its own
-arguments and publishes it with an exclusive hard link (`atomic_write_bytes(replace=False)`,
-O_EXCL semantics): the first shard to get there writes it, every other one (and every
-resume) reads it back and must match it field for field, else it is refused in one line
-with nothing touched. No separate plan step is needed, so a Slurm array starts its shards
-at once and a requeued element validates the same file.
-
-`missing_chunks`: the chunk files a teacher directory of a plan still lacks; the consensus
-refuses (one line, naming the first) until every shard has finished.
+Every shard computes the plan from its own arguments and publishes it with an exclusive
+hard link (`atomic_write_bytes(replace=False)`): the first one writes it, every other one
+(and every resume) must match it field for field, else it is refused in one line with
+nothing touched. So a Slurm array starts its shards at once, with no separate plan step.
 """
 
 from __future__ import annotations
@@ -108,11 +103,9 @@ def require_extracted(teacher_dirs: list[str]) -> None:
                              "expected); use a new --out") from None
         if slug not in slugs:
             continue
-        missing = missing_chunks(Path(parent), plan, slug)
-        if missing:
-            first = missing[0]
+        if missing := missing_chunks(Path(parent), plan, slug):
             raise StoreError(
-                f"{d}: chunk {first.name} of teacher {slug} is missing ({len(missing)} of "
+                f"{d}: chunk {missing[0].name} of teacher {slug} is missing ({len(missing)} of "
                 f"{total} missing): the extraction is not finished; run every `aleph targets "
                 f"extract ... --shard I/N` to the end (chunk c is shard c mod N's), then the "
                 "consensus (nothing was written)")

@@ -35,45 +35,39 @@ DTYPES: dict[str, tuple[torch.dtype, int, np.dtype, int]] = {
 TORCH_RAW = {2: torch.int16, 4: torch.int32}
 
 
+def raw_view(t: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's bits as a raw unsigned numpy array, sharing its memory."""
+    return t.view(TORCH_RAW[t.element_size()]).numpy().view(f"<u{t.element_size()}")
+
+
+def tensor_view(raw: np.ndarray, dtype: str) -> torch.Tensor:
+    """Raw unsigned rows (a writable array) as a torch tensor of `dtype`, sharing memory."""
+    return torch.from_numpy(raw.view(f"<i{raw.itemsize}")).view(DTYPES[dtype][0])
+
+
 def dtype_entry(name: str, where: str) -> tuple[torch.dtype, int, np.dtype, int]:
     """Look up a dtype name; `where` names the file or field for the error."""
     try:
         return DTYPES[name]
     except KeyError:
-        raise StoreError(
-            f"{where}: dtype {name!r} is not supported (expected one of {sorted(DTYPES)})"
-        ) from None
+        raise StoreError(f"{where}: dtype {name!r} is not supported (expected one of "
+                         f"{sorted(DTYPES)})") from None
 
 
 def torch_dtype_name(dtype: torch.dtype) -> str | None:
-    for name, entry in DTYPES.items():
-        if entry[0] == dtype:
-            return name
-    return None
+    return next((name for name, entry in DTYPES.items() if entry[0] == dtype), None)
 
 
-_REQUIRED = {
-    "format": str,
-    "format_version": int,
-    "data_file": str,
-    "rows": int,
-    "dim": int,
-    "dtype": str,
-    "byte_length": int,
-    "source_fingerprint": str,
-    "chunks": list,
-    "built_by": str,
-}
+_REQUIRED = {"format": str, "format_version": int, "data_file": str, "rows": int, "dim": int,
+             "dtype": str, "byte_length": int, "source_fingerprint": str, "chunks": list,
+             "built_by": str}
 _CHUNK_REQUIRED = {"index": int, "path": str, "rows": int, "row_start": int, "row_stop": int,
                    "sha256": str}
 
 
 def check_manifest(m: object, where: str) -> dict:
-    """Validate a manifest's schema and internal arithmetic; return it.
-
-    Checks: format name and version, field types, byte_length == rows*dim*itemsize,
-    and chunk row ranges that are contiguous from 0 and cover every row.
-    """
+    """The manifest `m`, its format, field types, byte_length (rows x dim x itemsize) and
+    chunk row ranges (contiguous from 0, covering every row) checked; StoreError else."""
     if not isinstance(m, dict):
         raise StoreError(f"{where}: expected a JSON object, found {type(m).__name__}")
     for key, typ in _REQUIRED.items():
@@ -82,27 +76,21 @@ def check_manifest(m: object, where: str) -> dict:
     if m["data_file"] != DATA_FILE:
         raise StoreError(f"{where}: field 'data_file' is {m['data_file']!r}, expected {DATA_FILE!r}")
     if m["format"] != FORMAT_NAME or m["format_version"] != FORMAT_VERSION:
-        raise StoreError(
-            f"{where}: format {m['format']!r} v{m['format_version']}, this code reads "
-            f"{FORMAT_NAME!r} v{FORMAT_VERSION}; rebuild the store"
-        )
+        raise StoreError(f"{where}: format {m['format']!r} v{m['format_version']}, this code "
+                         f"reads {FORMAT_NAME!r} v{FORMAT_VERSION}; rebuild the store")
     itemsize = dtype_entry(m["dtype"], f"{where} field 'dtype'")[1]
     want = m["rows"] * m["dim"] * itemsize
     if m["byte_length"] != want or m["rows"] <= 0 or m["dim"] <= 0:
-        raise StoreError(
-            f"{where}: byte_length {m['byte_length']:,} does not equal rows {m['rows']:,} x "
-            f"dim {m['dim']} x {itemsize} B ({m['dtype']}) = {want:,}"
-        )
+        raise StoreError(f"{where}: byte_length {m['byte_length']:,} does not equal rows "
+                         f"{m['rows']:,} x dim {m['dim']} x {itemsize} B ({m['dtype']}) = {want:,}")
     row = 0
     for i, c in enumerate(m["chunks"]):
         for key, typ in _CHUNK_REQUIRED.items():
             if not isinstance(c, dict) or not isinstance(c.get(key), typ):
                 raise StoreError(f"{where}: chunks[{i}] field {key!r} missing or not {typ.__name__}")
         if c["row_start"] != row or c["row_stop"] - c["row_start"] != c["rows"]:
-            raise StoreError(
-                f"{where}: chunks[{i}] covers rows {c['row_start']}..{c['row_stop']} "
-                f"({c['rows']} rows), expected to start at row {row}"
-            )
+            raise StoreError(f"{where}: chunks[{i}] covers rows {c['row_start']}..{c['row_stop']} "
+                             f"({c['rows']} rows), expected to start at row {row}")
         row = c["row_stop"]
     if row != m["rows"]:
         raise StoreError(f"{where}: chunks cover {row:,} rows, manifest says {m['rows']:,}")

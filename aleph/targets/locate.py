@@ -14,7 +14,6 @@ import os
 import shlex
 from pathlib import Path
 
-from aleph._io import work_root
 from aleph.errors import StoreError
 from aleph.targets.build import cached_store, store_dir_for
 from aleph.targets.format import MANIFEST_FILE
@@ -41,7 +40,7 @@ def resolve_store(given: str | os.PathLike, root: str | os.PathLike | None = Non
         return path
     sources = chunk_files_in(path)  # the order `targets build DIR` and the trainer read
     fingerprint = source_fingerprint(source_stats(sources))
-    store_dir = store_dir_for(sources, root if root is not None else work_root())
+    store_dir = store_dir_for(sources, root)
     if cached_store(store_dir, fingerprint) is not None:
         return store_dir
     state = ("holds an unfinished build" if store_dir.is_dir() else "does not exist yet")
@@ -59,7 +58,7 @@ def resolve_sources(items: list[str], root: str | os.PathLike | None = None) -> 
     if len(items) == 1 and Path(items[0]).is_dir():
         return resolve_store(items[0], root)
     fingerprint = source_fingerprint(source_stats(items))
-    store_dir = store_dir_for(items, root if root is not None else work_root())
+    store_dir = store_dir_for(items, root)
     if cached_store(store_dir, fingerprint) is not None:
         return store_dir
     raise StoreError(f"the store of {len(items)} chunk file(s) ({store_dir}) is not built: run "

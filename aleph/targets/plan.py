@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from aleph.env.cgroup import DEFAULT_ROOT, format_bytes, read_envelope
 from aleph.errors import ConfigError, QuotaError
-from aleph.targets.sources import ChunkInfo, check_layout, describe_sources
+from aleph.targets.sources import ChunkInfo, check_layout, inspect_chunk
 from aleph.targets.writer import DEFAULT_FLUSH_BYTES
 
 DEFAULT_HEADROOM_BYTES = 16 << 30
@@ -43,7 +43,6 @@ class Plan:
     dtype: str
     chunks: int
     store_bytes: int
-    largest_chunk_bytes: int
     peaks: dict[str, int] = field(default_factory=dict)  # implementation -> predicted peak
     allowed: dict[str, bool] = field(default_factory=dict)
 
@@ -74,19 +73,15 @@ def _predict(infos: Sequence[ChunkInfo], flush_bytes: int) -> dict[str, int]:
 def plan(sources: Sequence[str | os.PathLike | ChunkInfo], quota_bytes: int | None = None,
          headroom_bytes: int = DEFAULT_HEADROOM_BYTES, *, cgroup_root=DEFAULT_ROOT,
          flush_bytes: int = DEFAULT_FLUSH_BYTES) -> Plan:
-    """Plan a build of `sources` (paths, or ChunkInfo records) against the memory quota.
-
-    Reads only headers. `quota_bytes=None` reads the cgroup (v2 or v1) limit.
-    """
+    """Plan a build of `sources` (paths, or ChunkInfo records) against the memory quota
+    (None: the cgroup's, v2 or v1), from the chunks' headers only."""
     if quota_bytes is not None and (isinstance(quota_bytes, bool) or quota_bytes <= 0):
         raise ConfigError(f"memory quota {quota_bytes!r} bytes: expected a positive byte count")
     if isinstance(headroom_bytes, bool) or headroom_bytes < 0:
         raise ConfigError(f"headroom {headroom_bytes!r} bytes: expected a byte count >= 0")
-    if sources and all(isinstance(s, ChunkInfo) for s in sources):
-        infos = list(sources)
-        check_layout(infos)
-    else:
-        infos = describe_sources(sources)
+    is_info = bool(sources) and all(isinstance(s, ChunkInfo) for s in sources)
+    infos = list(sources) if is_info else [inspect_chunk(p) for p in sources]
+    check_layout(infos)
     if quota_bytes is None:
         quota_bytes = read_envelope(cgroup_root).memory_limit_bytes
     peaks = _predict(infos, flush_bytes)
@@ -98,14 +93,11 @@ def plan(sources: Sequence[str | os.PathLike | ChunkInfo], quota_bytes: int | No
     budget = None if quota_bytes is None else quota_bytes - headroom_bytes
     allowed = {k: budget is None or v <= budget for k, v in peaks.items()}
     choice = next((k for k in PREFERENCE if allowed[k]), None)
-    if budget is None:
-        reason = "no memory limit found; streaming preferred (bounded memory)"
-    else:
-        why = [f"{k} predicted peak {format_bytes(v)} "
-               f"{'<=' if allowed[k] else 'exceeds'} quota {format_bytes(quota_bytes)} minus headroom "
-               f"{format_bytes(headroom_bytes)}{capped} = {format_bytes(budget)}"
-               for k, v in peaks.items()]
-        reason = "; ".join(why)
-    rows = sum(i.rows for i in infos)
-    return Plan(choice, reason, quota_bytes, headroom_bytes, rows, infos[0].dim, infos[0].dtype,
-                len(infos), sum(i.nbytes for i in infos), max(i.nbytes for i in infos), peaks, allowed)
+    reason = ("no memory limit found; streaming preferred (bounded memory)" if budget is None
+              else "; ".join(f"{k} predicted peak {format_bytes(v)} "
+                             f"{'<=' if allowed[k] else 'exceeds'} quota {format_bytes(quota_bytes)}"
+                             f" minus headroom {format_bytes(headroom_bytes)}{capped} = "
+                             f"{format_bytes(budget)}" for k, v in peaks.items()))
+    return Plan(choice, reason, quota_bytes, headroom_bytes, sum(i.rows for i in infos),
+                infos[0].dim, infos[0].dtype, len(infos), sum(i.nbytes for i in infos), peaks,
+                allowed)

@@ -60,10 +60,6 @@ class GpaFit:
     residuals: list[float] = field(default_factory=list)  # per teacher: ||Z_i R_i - Y||^2 / N
     relative_residuals: list[float] = field(default_factory=list)  # ... / ||Z_i||^2
 
-    def maps(self) -> list[torch.Tensor]:
-        """k x (D, D): W_i R_i, what the apply pass multiplies each teacher's rows by."""
-        return [w @ r for w, r in zip(self.whiteners, self.rotations, strict=True)]
-
 
 def fit_memory(k: int, dim: int, whiten: str, block_rows: int) -> int:
     """Bytes the fit of k teachers of width `dim` holds at its peak, an estimate (within a
@@ -139,14 +135,12 @@ def fit_gpa(acc: GramAccumulator, whiten: str = "none", tol: float = 1e-10,
     rot = [polar(g[i][0]) for i in range(k)]
     trace = [_objective(g, rot)[0]]
     converged, it = False, 0
-    while it < max_iter:
+    while not converged and it < max_iter:
         it += 1
         for i in range(k):
             rot[i] = polar(sum(g[i][j] @ rot[j] for j in range(k) if j != i))
         trace.append(_objective(g, rot)[0])
-        if trace[-2] - trace[-1] <= tol * max(trace[-2], 1e-300):
-            converged = True
-            break
+        converged = trace[-2] - trace[-1] <= tol * max(trace[-2], 1e-300)
     # gauge: the common rotation Q that best aligns the consensus with teacher 0
     q = polar(sum(rot[j].T @ g[j][0] for j in range(k)))
     rot = [r @ q for r in rot]

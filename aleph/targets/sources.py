@@ -1,18 +1,14 @@
 """Chunk files: header inspection, stat-only fingerprints, and zero-copy chunk readers.
 
-A source is an ordered list of chunk files, each one 2-D tensor of N_i x D in
-float16, bfloat16 or float32, stored as `.pt` (torch.save), `.npy` or `.safetensors`.
+A source is an ordered list of chunk files, each one 2-D tensor of N_i x D in float16,
+bfloat16 or float32, stored as `.pt` (torch.save), `.npy` or `.safetensors`.
 
-- `inspect_chunk` reads only headers: the .npy header, the safetensors JSON header,
-  or the pickle record of a .pt loaded with `mmap=True` (its storage is mapped, not read).
-- `.pt` files are only ever loaded with `torch.load(weights_only=True)`, which refuses
-  every object but tensors and plain containers: a file holding anything else is
-  rejected without being unpickled.
+- `inspect_chunk` reads only headers (a .pt is loaded with `mmap=True`: mapped, not read).
+- `.pt` files are only ever loaded with `torch.load(weights_only=True)`: a file holding
+  anything but tensors and plain containers is rejected without being unpickled.
 - `source_stats` / `source_fingerprint` use `os.stat` only (path, size, mtime_ns), so a
-  cache hit opens no chunk file. Trade-off, chosen deliberately: a rewrite that keeps
-  both size and mtime_ns is not noticed by the cache (`aleph targets verify --sources`
-  compares the sources' rows with the store's; rebuild into a fresh output directory when
-  sources are edited in place).
+  cache hit opens no chunk file. Deliberate trade-off: a rewrite that keeps size and
+  mtime_ns is not noticed (`aleph targets verify --sources` catches it).
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ import torch
 
 from aleph._io import file_kind, number_order_clash, sha256_json
 from aleph.errors import StoreError
-from aleph.targets.format import DTYPES, TORCH_RAW, torch_dtype_name
+from aleph.targets.format import DTYPES, raw_view, torch_dtype_name
 
 SUFFIXES = (".pt", ".npy", ".safetensors")
 _NPY_DTYPES = {"<f2": "float16", "<f4": "float32"}
@@ -98,10 +94,9 @@ def source_stats(paths: Sequence[str | os.PathLike]) -> list[dict]:
     if not paths:
         raise StoreError("no chunk files given (empty source list)")
     out = []
-    for p in paths:
-        _stat(os.fspath(p))  # as given: a refusal names the file the user passed, not its target
-        path = os.path.realpath(os.fspath(p))
-        st = _stat(path)
+    for p in map(os.fspath, paths):
+        _stat(p)  # as given: a refusal names the file the user passed, not its target
+        st = _stat(path := os.path.realpath(p))
         out.append({"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     return out
 
@@ -127,10 +122,8 @@ def _inspect_npy(path: str, size: int) -> tuple[int, int, str, int, None]:
         offset = f.tell()
     name = _NPY_DTYPES.get(dtype.str)
     if name is None or fortran or len(shape) != 2:
-        raise StoreError(
-            f"{path}: expected a 2-D C-order float16/float32 array, found shape {shape} "
-            f"dtype {dtype.str} fortran_order={fortran}"
-        )
+        raise StoreError(f"{path}: expected a 2-D C-order float16/float32 array, found shape "
+                         f"{shape} dtype {dtype.str} fortran_order={fortran}")
     need = offset + shape[0] * shape[1] * dtype.itemsize
     if size != need:
         raise _truncated(path, ".npy", need, size)
@@ -215,7 +208,7 @@ def _load_pt(path: str) -> tuple[torch.Tensor, str | None]:
     raise StoreError(f"{path}: expected a tensor or a dict holding one tensor, found {desc}")
 
 
-def _inspect_pt(path: str) -> tuple[int, int, str, None, str | None]:
+def _inspect_pt(path: str, size: int) -> tuple[int, int, str, None, str | None]:
     t, key = _load_pt(path)
     name = torch_dtype_name(t.dtype)
     if t.layout != torch.strided:
@@ -231,14 +224,11 @@ def inspect_chunk(path: str | os.PathLike) -> ChunkInfo:
     path = os.path.realpath(os.fspath(path))
     st = _stat(path)
     suffix = os.path.splitext(path)[1]
-    readers = {".npy": _inspect_npy, ".safetensors": _inspect_safetensors}
+    readers = {".npy": _inspect_npy, ".safetensors": _inspect_safetensors, ".pt": _inspect_pt}
+    if suffix not in readers:
+        raise StoreError(f"{path}: unknown chunk type {suffix!r} (expected one of {SUFFIXES})")
     try:
-        if suffix == ".pt":
-            rows, dim, dtype, offset, key = _inspect_pt(path)
-        elif suffix in readers:
-            rows, dim, dtype, offset, key = readers[suffix](path, st.st_size)
-        else:
-            raise StoreError(f"{path}: unknown chunk type {suffix!r} (expected one of {SUFFIXES})")
+        rows, dim, dtype, offset, key = readers[suffix](path, st.st_size)
     except PermissionError:
         raise StoreError(f"{path}: chunk file is not readable (permission denied)") from None
     if rows <= 0 or dim <= 0:
@@ -254,20 +244,16 @@ def check_layout(infos: Sequence[ChunkInfo]) -> None:
     first = infos[0]
     for info in infos[1:]:
         if info.dim != first.dim:
-            raise StoreError(
-                f"{info.path}: wrong width {info.dim}, expected {first.dim} (the width of {first.path})"
-            )
+            raise StoreError(f"{info.path}: wrong width {info.dim}, expected {first.dim} (the "
+                             f"width of {first.path})")
         if info.dtype != first.dtype:
-            raise StoreError(
-                f"{info.path}: dtype {info.dtype} differs from {first.dtype} of {first.path}; "
-                "mixed dtypes are refused (convert the chunks to one dtype first)"
-            )
+            raise StoreError(f"{info.path}: dtype {info.dtype} differs from {first.dtype} of "
+                             f"{first.path}; mixed dtypes are refused (convert the chunks to one "
+                             "dtype first)")
 
 
 def describe_sources(paths: Sequence[str | os.PathLike]) -> list[ChunkInfo]:
     """Inspect every chunk's header and check that they form one table."""
-    if not paths:
-        raise StoreError("no chunk files given (empty source list)")
     infos = [inspect_chunk(p) for p in paths]
     check_layout(infos)
     return infos
@@ -280,13 +266,12 @@ def open_chunk(info: ChunkInfo) -> Iterator[np.ndarray]:
     Pages are read when touched, so the caller can stream slices through memory.
     The file must still match its header (size/shape/dtype), else StoreError.
     """
-    raw = DTYPES[info.dtype][2]
     st = _stat(info.path)
     if (st.st_size, st.st_mtime_ns) != (info.file_size, info.mtime_ns):
         raise StoreError(f"{info.path}: chunk changed while the store was being built")
     if info.data_offset is not None:
         try:
-            arr = np.memmap(info.path, dtype=raw, mode="r", offset=info.data_offset,
+            arr = np.memmap(info.path, dtype=DTYPES[info.dtype][2], mode="r", offset=info.data_offset,
                             shape=(info.rows, info.dim))
         except PermissionError:
             raise StoreError(f"{info.path}: chunk file is not readable (permission denied)") from None
@@ -295,6 +280,4 @@ def open_chunk(info: ChunkInfo) -> Iterator[np.ndarray]:
     t, _ = _load_pt(info.path)
     if (t.shape[0], t.shape[1], torch_dtype_name(t.dtype)) != (info.rows, info.dim, info.dtype):
         raise StoreError(f"{info.path}: tensor changed since its header was read")
-    # (rows, dim) -> same bits as signed ints -> numpy unsigned view; copies only if
-    # the saved tensor was not contiguous.
-    yield t.contiguous().view(TORCH_RAW[t.element_size()]).numpy().view(raw)
+    yield raw_view(t.contiguous())  # (rows, dim) same bits; a copy only if not contiguous

@@ -95,10 +95,8 @@ def check_model_dir(path: str, known_types: set[str] | frozenset[str],
             continue
         try:
             obj = read_json_bounded(full, JSON_MAX)
-        except OSError as e:
-            raise _refuse(path, f"{name}: {e.strerror or e}") from None
-        except ValueError as e:
-            raise _refuse(path, f"{name}: {e}") from None
+        except (OSError, ValueError) as e:  # unreadable, too large, not UTF-8 JSON
+            raise _refuse(path, f"{name}: {getattr(e, 'strerror', None) or e}") from None
         if not isinstance(obj, dict):
             if name in ("config.json", "tokenizer_config.json"):
                 raise _refuse(path, f"{name} is a JSON {type(obj).__name__}, expected an object")

@@ -1,20 +1,14 @@
 """`verify_store`: three levels, each catching what the one before cannot.
 
-- quick (default): the manifest's schema and arithmetic (format and version, field types,
-  byte_length == rows x dim x itemsize, chunk row ranges contiguous from row 0 and covering
-  every row) and the data file's exact size. Catches a missing, truncated or padded data file,
-  a damaged or hand-edited manifest, a build that never finished (no manifest). Reads no data.
-- full (`--full`): quick, then re-hashes each chunk's row range of the data file and compares
-  it with the sha256 the build recorded for it. Catches any byte of the store changed after
-  it was built (bit rot, a hand edit). Cannot catch a source chunk that changed after the
-  build: the store is then consistent with itself, only stale. Reads the store once.
-- sources (`--sources`): full, then re-reads every source chunk the manifest names (at its
-  recorded path), hashes its rows and compares them with the store's bytes of the same row
-  range. Catches a source edited after the build, also one edited with size and mtime kept
-  (the store cache keys on path, size and mtime only, so such an edit is otherwise reused
-  stale), a source that is missing, unreadable or changed shape, dtype or row count, and a
-  store whose bytes are not its sources' bytes. Reads the store and every source once
-  (49 GB each for E1).
+- quick (default): the manifest's schema and arithmetic (`format.check_manifest`) and the
+  data file's exact size: a missing, truncated or padded data file, a damaged or hand-edited
+  manifest, an unfinished build. Reads no data.
+- full (`--full`): also re-hashes each chunk's row range of the data file against the
+  manifest: any byte changed after the build. Reads the store once.
+- sources (`--sources`): also re-reads every source chunk at its recorded path and compares
+  its rows with the store's range: a source edited after the build, even with size and mtime
+  kept (which the stat-keyed cache would reuse stale), missing, or reshaped. Reads the store
+  and every source once (49 GB each for E1).
 """
 
 from __future__ import annotations
@@ -52,10 +46,8 @@ def verify_store(store_dir: str | os.PathLike, full: bool = False, sources: bool
                 got = hash_range(fd, str(data), c["row_start"] * row_bytes, c["rows"] * row_bytes)
                 if got != c.get("sha256"):
                     bad.append(f"{where}: sha256 {got[:16]}..., manifest {str(c.get('sha256'))[:16]}...")
-                if sources:
-                    problem = _source_problem(c, manifest, got)
-                    if problem:
-                        stale.append(f"{where}: {problem}")
+                if sources and (problem := _source_problem(c, manifest, got)):
+                    stale.append(f"{where}: {problem}")
         finally:
             os.close(fd)
     if bad:

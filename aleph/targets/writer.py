@@ -39,10 +39,7 @@ class ChunkResult:
 def preallocate(path: str, nbytes: int) -> int:
     """A new file at `path` with exactly `nbytes` reserved (disk-full fails here, not
     mid-build); its read-write fd. A leftover regular file of an earlier build is replaced.
-
-    The free space is checked first (QuotaError naming the file, bytes needed vs free), so
-    a store that cannot fit is refused before anything is written.
-    """
+    Free space is checked first (QuotaError naming the file, bytes needed vs free)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -56,10 +53,8 @@ def preallocate(path: str, nbytes: int) -> int:
 
 
 def _nonfinite_rows(raw: np.ndarray, mask: int, block_bytes: int = 4 << 20) -> np.ndarray:
-    """Row indices (within `raw`) holding a NaN or Inf: all exponent bits set.
-
-    Scans `block_bytes` at a time so the temporaries stay a few MB, not a slice's size.
-    """
+    """Row indices (within `raw`) holding a NaN or Inf (all exponent bits set), scanned
+    `block_bytes` at a time so the temporaries stay a few MB, not a slice's size."""
     step = max(1, block_bytes // max(1, raw.shape[1] * raw.dtype.itemsize))
     found = []
     for r0 in range(0, raw.shape[0], step):
@@ -72,10 +67,8 @@ def _nonfinite_rows(raw: np.ndarray, mask: int, block_bytes: int = 4 << 20) -> n
 
 def write_chunk(fd: int, path: str, offset: int, raw: np.ndarray, dtype: str,
                 flush_bytes: int = DEFAULT_FLUSH_BYTES) -> ChunkResult:
-    """Write `raw` (rows, D) at byte `offset`, flushing and dropping every slice.
-
-    Returns the sha256 of exactly the bytes written and the non-finite rows found.
-    """
+    """Write `raw` (rows, D) at byte `offset`, flushing and dropping every slice; the sha256
+    of exactly the bytes written and the non-finite rows found."""
     mask = DTYPES[dtype][3]
     step = max(1, flush_bytes // (raw.shape[1] * raw.dtype.itemsize))
     w = DurableWriter(fd, path, offset, flush_bytes=flush_bytes, error=StoreError)
