@@ -83,7 +83,6 @@ from gpu_items import (  # noqa: E402, F401  (re-exported: the CPU tests use the
 
 ITEMS = {  # in the order they run
     "step-path": "fused AdamW groups, per-device RNG, pinned prefetch, one sync per step (E1)",
-    "deferred-sync": "defer_step_sync: samples/s deferred vs checked-first (E1 shape), no implicit sync",
     "alloc-cap": "the allocator cap refuses an allocation above it",
     "bench-eager": "bench_model.py at the E1 shape, bf16 eager, samples/s and MFU",
     "bench-compiled": "bench_model.py at the E1 shape, bf16 compiled: faster, MFU pass mark",
@@ -96,15 +95,14 @@ ITEMS = {  # in the order they run
     "nccl-2proc": "2 NCCL ranks (torchrun) follow the 1-process trajectory",
     "campaign": "aleph campaign on the visible GPUs",
 }
-NEEDS_S = {"step-path": 40, "deferred-sync": 40, "alloc-cap": 10, "bench-eager": 60, "bench-compiled": 240,
+NEEDS_S = {"step-path": 40, "alloc-cap": 10, "bench-eager": 60, "bench-compiled": 240,
            "cuda-tests": 120, "train-header": 45, "compile-ckpt-refused": 10,
            "ckpt-alone": 45, "compile-alone": 90, "gather-pin": 20, "nccl-2proc": 60,
            "campaign": 90}
 """Expected seconds per item on one GPU: an item starts only when this fits the budget."""
 BUDGET_S = 8 * 60
 RUNNERS = {
-    "step-path": R.item_step_path, "deferred-sync": R.item_deferred_sync,
-    "alloc-cap": R.item_alloc_cap,
+    "step-path": R.item_step_path, "alloc-cap": R.item_alloc_cap,
     "bench-eager": R.item_bench_eager, "bench-compiled": R.item_bench_compiled,
     "cuda-tests": R.item_cuda_tests, "train-header": R.item_train_header,
     "compile-ckpt-refused": R.item_compile_ckpt_refused, "ckpt-alone": R.item_ckpt_alone,

@@ -166,10 +166,6 @@ class TrainConfig(ModelShape):
     """TensorBoard scalar cadence in steps (health gauges at the same cadence)."""
     progress_every_seconds: float = knob(30.0, POSITIVE, resumable=True, basis=False)
     """Console progress/ETA line cadence."""
-    defer_step_sync: bool = knob(False, resumable=True, basis=False)
-    """CUDA (fused AdamW): read each step's loss and gradient norm during the next step, so the
-    GPU queue never drains (README.md, "The step's one host sync"); no effect on CPU. Off
-    until bench/gpu_check.py's `deferred sync` item shows it faster."""
     collective_timeout_s: float = knob(600.0, rule(  # heartbeats every timeout/4, <= 5 s
         lambda v, c: v >= 1, "a number of seconds >= 1"), resumable=True, basis=False)
     """Under torchrun: a collective that waits longer than this fails, naming the rank that

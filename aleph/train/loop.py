@@ -3,14 +3,13 @@
     train_loop(t)
       while t.pos.step < t.total_steps:
         batch = batches.take(...)           # gathered while the previous step ran (prefetch.py)
-        steps(batch)                        # forward, loss, checked update (step.py)
+        res = train_step(t, batch)          # forward, loss, checked update (step.py)
         t.pos = advance(...)                # the data position a resume state records
-        between.after_step(logs)            # progress, resume states, weights, stop (below)
+        between.after_step(res)             # progress, resume states, weights, stop (below)
       between.finish()                      # final resume state, weights/final, metrics
 
 `Between` is the rest, called once per step: the logging and saving cadences, the pause
-hook, the stop (SIGTERM/SIGINT: save, exit 76), the executed-code tracer's window and, under
-defer_step_sync, reading the step still in flight before anything is reported or saved.
+hook, the stop (SIGTERM/SIGINT: save, exit 76) and the executed-code tracer's window.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from aleph.train import outputs, prefetch
 from aleph.train.config import to_dict
 from aleph.train.progress import Reporter
 from aleph.train.signals import PAUSE_ENV, StopFlag, pause_step
-from aleph.train.step import Steps, advance, deferring
+from aleph.train.step import StepResult, advance, train_step
 from aleph.train.trainer import Trainer
 
 TRACED_STEPS = 2  # the executed-code tracer's first window ends after this many steps
@@ -50,14 +49,13 @@ def train_loop(t: Trainer) -> tuple[str, str]:
     rep, batches = Reporter(t, t.pos.step), None
     try:
         batches = start_prefetch(t)
-        steps = Steps(t, rep.after_step)
-        between = Between(t, steps, rep, batches)
+        between = Between(t, rep, batches)
         t.net.train()
         while t.pos.step < t.total_steps:
-            logs = between.before_step()
-            steps(batches.take(t.pos.epoch, t.pos.batch_in_epoch, t.pos.step))
+            between.before_step()
+            res = train_step(t, batches.take(t.pos.epoch, t.pos.batch_in_epoch, t.pos.step))
             t.pos = advance(t.pos, t.order, between.clock.train_seconds())
-            stopped = between.after_step(logs)
+            stopped = between.after_step(res)
             if stopped:
                 return "stopped", stopped
         between.finish()
@@ -70,38 +68,31 @@ def train_loop(t: Trainer) -> tuple[str, str]:
 
 class Between:
     """What happens between two steps: gauges on logged steps, the cadences, pause hook and
-    stop, the executed-code tracer's window, the deferred read."""
+    stop, the executed-code tracer's window."""
 
-    def __init__(self, t: Trainer, steps: Steps, rep: Reporter,
-                 batches: prefetch.Prefetcher) -> None:
-        self.t, self.steps, self.rep, self.batches = t, steps, rep, batches
+    def __init__(self, t: Trainer, rep: Reporter, batches: prefetch.Prefetcher) -> None:
+        self.t, self.rep, self.batches = t, rep, batches
         self.clock = Clock(t.pos.train_seconds)
         self.pause = pause_step()
         self.traced_until = t.pos.step + TRACED_STEPS
-        if t.cfg.defer_step_sync:
-            t.log("defer_step_sync: " + ("on: each step's loss and gradient norm are read during "
-                                         "the next step" if deferring(t)
-                                         else "no effect here: it needs fused AdamW (CUDA)"))
 
-    def before_step(self) -> bool:
-        """Whether the next step logs; the bank's health gauges are recorded only then."""
+    def before_step(self) -> None:
+        """The bank's health gauges are recorded only on a step that logs."""
         n = self.t.pos.step + 1
-        logs = n % self.t.cfg.log_every_steps == 0 or n == self.t.total_steps
-        self.t.model.set_gauges(logs)
-        return logs
+        self.t.model.set_gauges(n % self.t.cfg.log_every_steps == 0 or n == self.t.total_steps)
 
-    def after_step(self, logs: bool) -> str | None:
+    def after_step(self, res: StepResult) -> str | None:
         """Progress, resume states and weights on their cadences, the pause hook, a stop;
         returns the stop's note when the launch stops here (state saved), else None."""
         t, stop = self.t, self.t.stop
         t.monitor.step = t.pos.step
-        self.steps.deliver()  # the steps read so far, now that the position is past them
         if t.pos.step == self.traced_until:
             close_trace_window(t)
         with t.tracer.during():  # the rare events: logging, saves, stop
-            saved, stopping = after_step(t, stop, self.clock, self.steps.settle, logs)
+            self.rep.after_step(res)  # now that the position is past the step
+            saved, stopping = after_step(t, stop, self.clock)
         if self.pause is not None and t.pos.step == self.pause:
-            wait_for_signal(t, stop, self.steps, self.rep, self.batches)
+            wait_for_signal(t, stop, self.rep, self.batches)
             stopping = t.world.any_flag(stop.is_set())[0]
         if not stopping or t.pos.step >= t.total_steps:
             return None
@@ -117,7 +108,6 @@ class Between:
 
     def finish(self) -> None:
         with self.t.tracer.during():
-            self.steps.settle()  # the last step, read before it is saved
             finish(self.t, self.rep)
 
 
@@ -135,12 +125,11 @@ class Clock:
         return (time.monotonic() - self.last_save) / 60
 
 
-def after_step(t: Trainer, stop: StopFlag, clock: Clock, settle, logs: bool) -> tuple[bool, bool]:
+def after_step(t: Trainer, stop: StopFlag, clock: Clock) -> tuple[bool, bool]:
     """Resume state and periodic weights on their cadences; returns (saved, stop requested).
-    `settle` (Steps.settle) runs first when anything is due, so a non-finite step in flight
-    raises before anything reports or holds it. Ranks agree on the timed save and the stop
-    (clocks and signals differ per process; the save is a collective) in one all-reduce, a
-    host sync: under DDP every AGREE_EVERY_STEPS steps and at step-cadence saves."""
+    Ranks agree on the timed save and the stop (clocks and signals differ per process; the
+    save is a collective) in one all-reduce, a host sync: under DDP every AGREE_EVERY_STEPS
+    steps and at step-cadence saves."""
     cfg, step, last = t.cfg, t.pos.step, t.pos.step >= t.total_steps
     minutes_due = cfg.ckpt_every_minutes > 0 and clock.minutes_since_save() >= cfg.ckpt_every_minutes
     step_due = cfg.ckpt_every_steps > 0 and step % cfg.ckpt_every_steps == 0
@@ -149,8 +138,6 @@ def after_step(t: Trainer, stop: StopFlag, clock: Clock, settle, logs: bool) -> 
         time_due, stopping = t.world.any_flag(minutes_due, stop.is_set())
     save = (step_due or time_due) and not last  # the last step is saved by finish()
     weights = bool(cfg.weights_every_steps) and not last and step % cfg.weights_every_steps == 0
-    if logs or save or weights or stopping:
-        settle()
     if save:
         save_state(t)
         clock.last_save = time.monotonic()
@@ -213,10 +200,9 @@ def start_prefetch(t: Trainer) -> prefetch.Prefetcher:
     return prefetch.Prefetcher(source, t.total_steps)
 
 
-def wait_for_signal(t: Trainer, stop: StopFlag, steps: Steps, rep: Reporter,
+def wait_for_signal(t: Trainer, stop: StopFlag, rep: Reporter,
                     batches: prefetch.Prefetcher) -> None:
     """The pause hook: flush everything first, so the paused run's files are at rest."""
-    steps.settle()  # the paused step's values, deferred or not, are on record
     if rep.scalars is not None:
         rep.scalars.flush()
     ahead = batches.ahead

@@ -29,7 +29,7 @@ class Reporter:
         self.result: StepResult | None = None
 
     def after_step(self, res: StepResult) -> None:
-        """A step's values, once read (Steps' callback)."""
+        """A step's values: scalars and metrics on logged steps, the progress line on its cadence."""
         if not self.t.world.is_main:
             return
         self.result, step = res, res.step

@@ -391,7 +391,7 @@ def test_ranks_agree_on_stop_and_timed_save_every_16_steps_not_every_step():
             t = step_trainer(cfg, tiny_trainer()[1], 32, world)
             for step in range(1, 33):
                 t.pos, t.total_steps = ckpt.Position(step, 0, step, 0), step  # last: no save
-                saved, stopping = after_step(t, stop, Clock(0.0), lambda: None, False)
+                saved, stopping = after_step(t, stop, Clock(0.0))
                 if stopping:
                     agreed.append(step)
         finally:
