@@ -77,20 +77,30 @@ def ignore_stops() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def run_until_stop(command: str, body: Callable[[], int], kept: Callable[[str], str],
+def run_until_stop(command: str, body: Callable[[], int | str], kept: Callable[[str], str],
                    again: Callable[[], list[str]]) -> int:
-    """`body()`'s exit code under one StopFlag('interrupt'). After a stop: one line, `aleph
+    """`body()`'s exit code under one StopFlag('interrupt'); a str is its success summary
+    (exit 0), printed after the switch to 'flag' mode: the work is committed, and a signal
+    then cannot turn a done command into a stopped one. After a stop: one line, `aleph
     <command>: <kept(signal name)>; resume with: aleph <again()>`, and EXIT_STOPPED."""
     stop = StopFlag("interrupt")
+    done = None
     try:
-        rc = body()
+        done = body()
+        stop.set_mode("flag")
     except StopRequested as e:
-        again_line = shlex.join(["aleph", *again()])
-        print(f"aleph {command}: {kept(e.signame)}; resume with: {again_line}", flush=True)
-        ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
-        return EXIT_STOPPED
+        if done is None:  # not raised between body's return and the switch: it is done
+            again_line = shlex.join(["aleph", *again()])
+            print(f"aleph {command}: {kept(e.signame)}; resume with: {again_line}", flush=True)
+            ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
+            return EXIT_STOPPED
     except BaseException:
         stop.restore()
         raise
-    stop.restore()
-    return rc
+    if isinstance(done, str):
+        print(done, flush=True)
+    if stop.is_set():  # a stop came: the process is ending, as after a stop
+        ignore_stops()
+    else:
+        stop.restore()
+    return 0 if isinstance(done, str) else done

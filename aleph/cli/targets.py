@@ -83,15 +83,14 @@ def _consensus(args) -> int:
     one line saying what was kept and the command that resumes."""
     from aleph.targets.consensus import run_consensus, stop_summary
 
-    def body() -> int:  # partial chunks never count
+    def body() -> str:  # partial chunks never count; the summary prints once it is done
         r = run_consensus(args.teachers, args.out, fit_rows=args.fit_rows, whiten=args.whiten,
                           tol=args.tol, max_iter=args.max_iter)
         fit = r["fit"]
-        print(f"{args.out}: {r['rows']:,} x {r['dim']} float16 consensus of "
-              f"{len(r['teachers'])} teachers, fit on {fit['rows_used']:,} rows, "
-              f"{fit['iterations']} sweeps (converged {fit['converged']}), relative residual "
-              "per teacher " + " ".join(f"{x:.4f}" for x in fit["relative_residuals"]))
-        return 0
+        return (f"{args.out}: {r['rows']:,} x {r['dim']} float16 consensus of "
+                f"{len(r['teachers'])} teachers, fit on {fit['rows_used']:,} rows, "
+                f"{fit['iterations']} sweeps (converged {fit['converged']}), relative residual "
+                "per teacher " + " ".join(f"{x:.4f}" for x in fit["relative_residuals"]))
 
     return run_until_stop(
         "targets consensus", body, lambda signame: stop_summary(signame, Path(args.out).absolute()),

@@ -283,7 +283,7 @@ def stop_summary(signame: str, where: dict) -> str:
 
 
 def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open_captions,
-             where: dict) -> int:
+             where: dict) -> int | str:
     if opts.max_length < 2 or opts.batch_size < 1 or opts.chunk_rows < 1:
         raise ConfigError("--max-length >= 2, --batch-size >= 1 and --chunk-rows >= 1 expected")
     shard, shards = _shard(opts.shard)
@@ -349,10 +349,9 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
     if shards == 1:
         return _finish(out, plan, specs, opts.consensus_out, where)
     if missing := _missing(out, plan, specs):  # other shards still running, or not yet started
-        print(f"{out}: shard {shard}/{shards} done: its {len(mine)} chunk(s) of every teacher "
-              f"in place; {len(missing)} chunk file(s) of other shards still missing (first "
-              f"{missing[0]}); the consensus runs once every shard has finished")
-        return 0
+        return (f"{out}: shard {shard}/{shards} done: its {len(mine)} chunk(s) of every teacher "
+                f"in place; {len(missing)} chunk file(s) of other shards still missing (first "
+                f"{missing[0]}); the consensus runs once every shard has finished")
     return _finish(out, plan, specs, None, where)
 
 
@@ -361,8 +360,9 @@ def _missing(out: Path, plan: dict, specs: list[TeacherSpec]) -> list[Path]:
 
 
 def _finish(out: Path, plan: dict, specs: list[TeacherSpec], consensus_out: str | None,
-            where: dict) -> int:
-    """extract.json once every teacher has every chunk; the teachers' directories listed."""
+            where: dict) -> str:
+    """extract.json once every teacher has every chunk; the summary naming the teachers'
+    directories (run_until_stop prints it once a signal can no longer stop the run)."""
     n = n_chunks(plan)
     if missing := _missing(out, plan, specs):
         raise StoreError(f"{out}: {len(missing)} chunk(s) missing after the run, first {missing[0]}")
@@ -370,13 +370,11 @@ def _finish(out: Path, plan: dict, specs: list[TeacherSpec], consensus_out: str 
                                           "teacher_dirs": [s.slug for s in specs]})
     dirs = [str(out / s.slug) for s in specs]
     if consensus_out is None:
-        print(f"{out}: {plan['rows']:,} rows x {len(specs)} teachers in {n} chunks each; next: "
-              f"aleph targets consensus --teachers {' '.join(dirs)} --out {out / 'consensus'}")
-        return 0
+        return (f"{out}: {plan['rows']:,} rows x {len(specs)} teachers in {n} chunks each; next: "
+                f"aleph targets consensus --teachers {' '.join(dirs)} --out {out / 'consensus'}")
     from aleph.targets.consensus import run_consensus  # numpy/torch only
 
     where.update(phase="consensus", consensus=Path(consensus_out).absolute())
     r = run_consensus(dirs, consensus_out)
-    print(f"{consensus_out}: {r['rows']:,} x {r['dim']} float16 consensus targets of "
-          f"{len(dirs)} teachers ({r['fit']['iterations']} sweeps)")
-    return 0
+    return (f"{consensus_out}: {r['rows']:,} x {r['dim']} float16 consensus targets of "
+            f"{len(dirs)} teachers ({r['fit']['iterations']} sweeps)")

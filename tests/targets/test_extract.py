@@ -71,9 +71,10 @@ def tiny(tmp_path_factory):
     done(run_teacher([str(HELPER), "build", str(root / "models"), str(caps)]))
     teachers = ",".join(str(root / "models" / a) for a in ARCHS)
     out = root / "clean"
-    _, err = done(run_teacher(["-m", "aleph", "targets", "extract", "--captions", str(caps),
-                               "--out", str(out), "--teachers", teachers, *OPTS,
-                               "--consensus-out", str(root / "targets")]))
+    said, err = done(run_teacher(["-m", "aleph", "targets", "extract", "--captions", str(caps),
+                                  "--out", str(out), "--teachers", teachers, *OPTS,
+                                  "--consensus-out", str(root / "targets")]))
+    assert f"{root / 'targets'}: {ROWS:,} x 32 float16 consensus targets of" in said, said
     return caps, teachers, out, err
 
 

@@ -109,3 +109,32 @@ def test_a_consensus_stopped_by_repeated_signals_exits_76_and_resumes(tmp_path):
     assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
     for name in ("chunk_000.npy", "chunk_001.pt", "chunk_002.safetensors"):
         assert (out / name).read_bytes() == (clean / name).read_bytes()
+
+
+def test_a_signal_while_the_done_summary_prints_still_exits_0(tmp_path, monkeypatch, capsys):
+    """The work is committed before the summary prints: a SIGTERM then (two, as Slurm sends)
+    must not turn a complete consensus into 'stopped' (exit 76), nor kill the process."""
+    _, dirs = make_teachers(tmp_path, rows=(300, 200))
+    out, real_print = tmp_path / "out", print
+
+    def print_under_signals(*a, **kw):
+        if a and "float16 consensus of" in str(a[0]):  # the success summary
+            signal.raise_signal(signal.SIGTERM)  # the handler runs before this returns
+            signal.raise_signal(signal.SIGTERM)
+        real_print(*a, **kw)
+
+    monkeypatch.setattr("builtins.print", print_under_signals)
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = main(["targets", "consensus", "--teachers", *dirs, "--out", str(out),
+                   "--fit-rows", "500"])
+        late = signal.getsignal(signal.SIGTERM)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    stdout = capsys.readouterr().out
+    real_print(f"exit {rc}: {stdout.strip()}")
+    assert rc == 0 and "stopped" not in stdout and "resume with" not in stdout, stdout
+    assert f"{out}: 500 x 24 float16 consensus of 5 teachers" in stdout
+    assert (out / RESULT_FILE).is_file()
+    assert late == signal.SIG_IGN  # the process is ending: a later signal must not kill it

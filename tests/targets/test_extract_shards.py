@@ -66,7 +66,8 @@ def test_three_shard_processes_give_the_bytes_of_one_run_and_consensus_waits_for
                                                                                    tmp_path):
     caps, teachers, clean = two
     out = tmp_path / "sharded"
-    done(run_teacher(extract_args(caps, out, teachers, "--shard", "0/3")))
+    first, _ = done(run_teacher(extract_args(caps, out, teachers, "--shard", "0/3")))
+    assert f"{out}: shard 0/3 done: its 2 chunk(s) of every teacher in place" in first, first
     early = consensus_cli(out, tmp_path / "early")
     print(f"consensus after shard 0/3 only: exit {early.returncode}: {early.stderr.strip()}")
     assert early.returncode == 2 and early.stderr.count("\n") == 1, early.stderr
