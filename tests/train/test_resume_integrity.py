@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import struct
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import torch
 from aleph._io import sha256_file
 from aleph.errors import EXIT_STOPPED
 from tests.train.conftest import (
-    completed_run,
+    REPO,
+    child_env,
     kill_at_fault,
     run_train,
     smoke_dir,
@@ -42,23 +44,45 @@ def _final_sha(run_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference_sha(tmp_path_factory, smoke_data_dir) -> str:
-    """sha256 of the final weights of an uninterrupted run of the same config."""
-    return _final_sha(completed_run(tmp_path_factory, smoke_data_dir, ARM, SEED, *SETS))
+def _module_runs(tmp_path_factory, smoke_data_dir) -> tuple[str, Path]:
+    """The launches of both fixtures below, started together (two work roots, nothing
+    shared): (sha256 of the final weights of an uninterrupted run of the same config, a
+    work root whose run was SIGKILLed right after its step-NEWEST state (states OLDER,
+    NEWEST))."""
+    ref_work = tmp_path_factory.mktemp(f"{ARM}-s{SEED}") / "work"
+    shutil.copytree(smoke_data_dir, smoke_dir(ref_work))
+    work = tmp_path_factory.mktemp("killed-at-newest") / "work"
+    shutil.copytree(smoke_data_dir, smoke_dir(work))
+    with open(ref_work.parent / "console.txt", "w+") as console:  # a file: no pipe to drain
+        ref = subprocess.Popen(train_cmd(ARM, SEED, *SETS), cwd=REPO, env=child_env(ref_work),
+                               stdout=console, stderr=subprocess.STDOUT, text=True)
+        try:
+            run_dir = work / "runs" / "smoke" / f"{ARM}-s{SEED}"
+            proc = start_train(work, train_cmd(ARM, SEED, *SETS),
+                               ALEPH_TRAIN_PAUSE_AFTER_STEP=str(NEWEST))
+            wait_for_log(run_dir, f"paused after step {NEWEST}", proc)
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(30) == -signal.SIGKILL
+            rc = ref.wait(240)
+            console.seek(0)
+            assert rc == 0, console.read()
+        finally:
+            ref.kill()  # a no-op once it has ended
+            ref.wait()
+    return _final_sha(ref_work / "runs" / "smoke" / f"{ARM}-s{SEED}"), work
 
 
 @pytest.fixture(scope="module")
-def killed_at_newest(tmp_path_factory, smoke_data_dir) -> Path:
+def reference_sha(_module_runs) -> str:
+    """sha256 of the final weights of an uninterrupted run of the same config."""
+    return _module_runs[0]
+
+
+@pytest.fixture(scope="module")
+def killed_at_newest(_module_runs) -> Path:
     """A work root whose run was SIGKILLed right after its step-NEWEST state (states OLDER,
     NEWEST)."""
-    work = tmp_path_factory.mktemp("killed-at-newest") / "work"
-    shutil.copytree(smoke_data_dir, smoke_dir(work))
-    run_dir = work / "runs" / "smoke" / f"{ARM}-s{SEED}"
-    proc = start_train(work, train_cmd(ARM, SEED, *SETS), ALEPH_TRAIN_PAUSE_AFTER_STEP=str(NEWEST))
-    wait_for_log(run_dir, f"paused after step {NEWEST}", proc)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(30) == -signal.SIGKILL
-    return work
+    return _module_runs[1]
 
 
 def _copy(work: Path, tmp_path: Path) -> tuple[Path, Path]:
