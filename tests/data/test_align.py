@@ -60,19 +60,29 @@ def test_misaligned_pairings_fail(smoke, smoke_tokenizer, pairings, kind):
 
 
 def test_cli_exit_codes(smoke, pairings, tmp_path):
-    def run(captions):
-        return subprocess.run(
+    def start(captions):
+        return subprocess.Popen(
             [sys.executable, "-m", "aleph", "data", "check-align", "--captions", str(captions),
              "--targets", str(smoke.target_chunks[0].parent), "--tokenizer",
              str(smoke.tokenizer_dir), "--sample", str(SAMPLE)],
-            capture_output=True, text=True, timeout=300)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    ok = run(pairings["aligned"])
-    assert ok.returncode == 0 and "ALIGNED: held-out R@1" in ok.stdout, ok.stderr
-    bad = run(pairings["shift"])
-    assert bad.returncode == 1 and bad.stdout.count("\n") == 1 and "MISALIGNED" in bad.stdout
+    def finish(p):
+        out, err = p.communicate(timeout=300)
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
     short = _parquet(tmp_path / "short.parquet", load_captions(smoke.captions)[:-1])
-    r = run(short)
+    # three independent read-only processes, started together (each is mostly starting
+    # Python and torch): each one's exit status and output are checked as before
+    procs = [start(c) for c in (pairings["aligned"], pairings["shift"], short)]
+    try:
+        ok, bad, r = [finish(p) for p in procs]
+    finally:
+        for p in procs:  # none left behind by a timeout (a no-op for the ended ones)
+            p.kill()
+            p.wait()
+    assert ok.returncode == 0 and "ALIGNED: held-out R@1" in ok.stdout, ok.stderr
+    assert bad.returncode == 1 and bad.stdout.count("\n") == 1 and "MISALIGNED" in bad.stdout
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert f"{smoke.rows - 1} rows" in r.stderr and f"has {smoke.rows}" in r.stderr
 

@@ -31,6 +31,7 @@ TEACHER_PY = REPO / ".venv-teachers" / "bin" / "python"
 HELPER = Path(__file__).with_name("tiny_teachers.py")
 ARCHS = ("tiny-albert", "tiny-bert", "tiny-distilbert", "tiny-modernbert", "tiny-roberta")
 ROWS, CHUNK, MAXLEN = 300, 128, 32
+CHECK = (0, 1, 150, 299)  # row i is caption i: vs the plain forward of caption i alone
 OPTS = ["--chunk-rows", str(CHUNK), "--batch-size", "16", "--max-length", str(MAXLEN)]
 
 
@@ -59,7 +60,10 @@ def done(proc, timeout=600) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(captions file, comma-separated teacher dirs, a clean extraction's OUT, its stderr)."""
+    """(captions file, comma-separated teacher dirs, a clean extraction's OUT, its stderr,
+    the reference rows): the process that builds the teachers then reads them back and
+    encodes the CHECK captions alone with the plain transformers forward (one start of the
+    teacher environment, not two), before the extraction runs."""
     teacher_python()
     root = tmp_path_factory.mktemp("extract")
     r = random.Random(0)
@@ -68,14 +72,16 @@ def tiny(tmp_path_factory):
     caps = root / "caps.txt"
     caps.write_text("\n".join(" ".join(r.choice(words) for _ in range(r.randint(2, 40)))
                               for _ in range(ROWS)) + "\n")
-    done(run_teacher([str(HELPER), "build", str(root / "models"), str(caps)]))
+    built, _ = done(run_teacher([str(HELPER), "build-encode", str(root / "models"), str(caps),
+                                 str(MAXLEN), *map(str, CHECK)]))
+    ref = json.loads(built.splitlines()[-1])
     teachers = ",".join(str(root / "models" / a) for a in ARCHS)
     out = root / "clean"
     said, err = done(run_teacher(["-m", "aleph", "targets", "extract", "--captions", str(caps),
                                   "--out", str(out), "--teachers", teachers, *OPTS,
                                   "--consensus-out", str(root / "targets")]))
     assert f"{root / 'targets'}: {ROWS:,} x 32 float16 consensus targets of" in said, said
-    return caps, teachers, out, err
+    return caps, teachers, out, err, ref
 
 
 def load_teacher(out: Path, arch: str) -> np.ndarray:
@@ -84,15 +90,11 @@ def load_teacher(out: Path, arch: str) -> np.ndarray:
 
 @pytest.mark.slow
 def test_every_architecture_extracts_unit_fp16_rows_aligned_with_the_captions(tiny):
-    caps, teachers, out, err = tiny
+    caps, teachers, out, err, ref = tiny
     lines = err.splitlines()
     first_estimate = next(i for i, ln in enumerate(lines) if ln.startswith("estimate: "))
     first_progress = next(i for i, ln in enumerate(lines) if "rows/s, ETA" in ln)
     assert first_estimate < first_progress and "GPU-hours" in lines[first_estimate]
-    check = [0, 1, 150, 299]  # row i is caption i: vs the plain forward of single captions
-    ref, _ = done(run_teacher([str(HELPER), "encode", str(Path(teachers.split(",")[0]).parent),
-                               str(caps), str(MAXLEN), *map(str, check)]))
-    ref = json.loads(ref)
     assert sorted(ref) == list(ARCHS)
     for arch in ARCHS:
         names = sorted(os.listdir(out / arch))
@@ -102,7 +104,7 @@ def test_every_architecture_extracts_unit_fp16_rows_aligned_with_the_captions(ti
         x = load_teacher(out, arch)
         assert x.dtype == np.float16
         assert np.allclose(np.linalg.norm(x.astype(np.float32), axis=1), 1, atol=2e-3)
-        assert np.abs(x[check].astype(np.float32) - np.array(ref[arch])).max() < 2e-3, arch
+        assert np.abs(x[list(CHECK)].astype(np.float32) - np.array(ref[arch])).max() < 2e-3, arch
     rec = json.loads((out / "extract.json").read_text())
     assert rec["rows"] == ROWS and rec["chunks"] == 3 and rec["precision"] == "float32"
     assert [t["local"] for t in rec["teachers"]] == [True] * 5
@@ -112,7 +114,7 @@ def test_every_architecture_extracts_unit_fp16_rows_aligned_with_the_captions(ti
 @pytest.mark.slow
 def test_one_command_gives_a_target_store_aligned_with_the_captions(tiny, tmp_path):
     """--consensus-out ran the consensus in the teacher venv; the main venv's store reads it."""
-    caps, _, out, _ = tiny
+    caps, _, out, _, _ = tiny
     targets = out.parent / "targets"
     result = json.loads((targets / "consensus.json").read_text())
     assert [t["dir"] for t in result["teachers"]] == [str(out / a) for a in ARCHS]
@@ -128,7 +130,7 @@ def test_one_command_gives_a_target_store_aligned_with_the_captions(tiny, tmp_pa
 
 @pytest.mark.slow
 def test_killed_mid_chunk_it_resumes_redoing_no_finished_chunk(tiny, tmp_path):
-    caps, teachers, clean, _ = tiny
+    caps, teachers, clean, _, _ = tiny
     out, marker = tmp_path / "out", tmp_path / "marker"
     args = ["-m", "aleph", "targets", "extract", "--captions", str(caps), "--out", str(out),
             "--teachers", teachers, *OPTS]
@@ -154,7 +156,7 @@ def test_killed_mid_chunk_it_resumes_redoing_no_finished_chunk(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_a_resume_with_other_options_is_one_line_and_touches_nothing(tiny):
-    caps, teachers, clean, _ = tiny
+    caps, teachers, clean, _, _ = tiny
     before = {p: os.stat(p).st_mtime_ns for a in ARCHS for p in chunk_files_in(clean / a)}
     proc = run_teacher(["-m", "aleph", "targets", "extract", "--captions", str(caps), "--out",
                         str(clean), "--teachers", teachers, *OPTS[:-1], "16"])

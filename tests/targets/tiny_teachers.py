@@ -9,6 +9,10 @@ Run with the teacher environment's Python (transformers 4.x):
       for every model directory under MODELS, the plain transformers forward of each listed
       caption alone (no padding), mean-pooled and L2-normalised, printed as JSON
       {name: rows}: the reference the extraction is checked against
+  python tiny_teachers.py build-encode OUT CAPTIONS.txt MAX_LEN ROW...
+      build, then encode the saved models (read back from OUT with from_pretrained, as
+      encode does) in the same process: one start of the teacher environment, not two;
+      the JSON is the last line of stdout
 """
 
 from __future__ import annotations
@@ -100,5 +104,8 @@ if __name__ == "__main__":
     caps = Path(sys.argv[3]).read_text(encoding="utf-8").splitlines()
     if sys.argv[1] == "build":
         build(Path(sys.argv[2]), caps)
+    elif sys.argv[1] == "build-encode":
+        build(Path(sys.argv[2]), caps)
+        encode(Path(sys.argv[2]), caps, int(sys.argv[4]), [int(r) for r in sys.argv[5:]])
     else:
         encode(Path(sys.argv[2]), caps, int(sys.argv[4]), [int(r) for r in sys.argv[5:]])

@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import struct
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import torch
 from aleph._io import sha256_file
 from aleph.errors import EXIT_STOPPED
 from tests.train.conftest import (
-    completed_run,
+    REPO,
+    child_env,
     kill_at_fault,
     run_train,
     smoke_dir,
@@ -28,9 +30,11 @@ from tests.train.conftest import (
 )
 
 ARM, SEED = "a1_anchored", 5
-# 32 steps per epoch; states at 50 and 100, then 4 more steps. dropout > 0: the resumed run
-# matches only if every RNG state came back from the state it fell back to.
-SETS = ("epochs=4", "max_steps=104", "ckpt_every_steps=50", "dropout=0.1")
+# 32 steps per epoch; states at 20 and 40, then 4 more steps: a resume from the older state
+# crosses an epoch boundary (step 32). dropout > 0: the resumed run matches only if every
+# RNG state came back from the state it fell back to.
+OLDER, NEWEST, LAST = 20, 40, 44
+SETS = ("epochs=4", f"max_steps={LAST}", f"ckpt_every_steps={OLDER}", "dropout=0.1")
 STATE = "checkpoints/step-{:08d}"
 pytestmark = pytest.mark.slow  # a dozen trainer subprocesses (~1.5 min): -m 'not slow' skips
 
@@ -40,22 +44,45 @@ def _final_sha(run_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference_sha(tmp_path_factory, smoke_data_dir) -> str:
-    """sha256 of the final weights of an uninterrupted run of the same config."""
-    return _final_sha(completed_run(tmp_path_factory, smoke_data_dir, ARM, SEED, *SETS))
+def _module_runs(tmp_path_factory, smoke_data_dir) -> tuple[str, Path]:
+    """The launches of both fixtures below, started together (two work roots, nothing
+    shared): (sha256 of the final weights of an uninterrupted run of the same config, a
+    work root whose run was SIGKILLed right after its step-NEWEST state (states OLDER,
+    NEWEST))."""
+    ref_work = tmp_path_factory.mktemp(f"{ARM}-s{SEED}") / "work"
+    shutil.copytree(smoke_data_dir, smoke_dir(ref_work))
+    work = tmp_path_factory.mktemp("killed-at-newest") / "work"
+    shutil.copytree(smoke_data_dir, smoke_dir(work))
+    with open(ref_work.parent / "console.txt", "w+") as console:  # a file: no pipe to drain
+        ref = subprocess.Popen(train_cmd(ARM, SEED, *SETS), cwd=REPO, env=child_env(ref_work),
+                               stdout=console, stderr=subprocess.STDOUT, text=True)
+        try:
+            run_dir = work / "runs" / "smoke" / f"{ARM}-s{SEED}"
+            proc = start_train(work, train_cmd(ARM, SEED, *SETS),
+                               ALEPH_TRAIN_PAUSE_AFTER_STEP=str(NEWEST))
+            wait_for_log(run_dir, f"paused after step {NEWEST}", proc)
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(30) == -signal.SIGKILL
+            rc = ref.wait(240)
+            console.seek(0)
+            assert rc == 0, console.read()
+        finally:
+            ref.kill()  # a no-op once it has ended
+            ref.wait()
+    return _final_sha(ref_work / "runs" / "smoke" / f"{ARM}-s{SEED}"), work
 
 
 @pytest.fixture(scope="module")
-def killed_at_100(tmp_path_factory, smoke_data_dir) -> Path:
-    """A work root whose run was SIGKILLed right after its step-100 state (states 50, 100)."""
-    work = tmp_path_factory.mktemp("killed-at-100") / "work"
-    shutil.copytree(smoke_data_dir, smoke_dir(work))
-    run_dir = work / "runs" / "smoke" / f"{ARM}-s{SEED}"
-    proc = start_train(work, train_cmd(ARM, SEED, *SETS), ALEPH_TRAIN_PAUSE_AFTER_STEP="100")
-    wait_for_log(run_dir, "paused after step 100", proc)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(30) == -signal.SIGKILL
-    return work
+def reference_sha(_module_runs) -> str:
+    """sha256 of the final weights of an uninterrupted run of the same config."""
+    return _module_runs[0]
+
+
+@pytest.fixture(scope="module")
+def killed_at_newest(_module_runs) -> Path:
+    """A work root whose run was SIGKILLed right after its step-NEWEST state (states OLDER,
+    NEWEST)."""
+    return _module_runs[1]
 
 
 def _copy(work: Path, tmp_path: Path) -> tuple[Path, Path]:
@@ -91,11 +118,11 @@ def _zip_record_middle(path: Path) -> int:
 
 @pytest.mark.parametrize("fault", ["truncate model.safetensors", "flip model.safetensors",
                                    "flip trainer.pt"])
-def test_corrupt_newest_state_resumes_from_the_previous_one_bitwise(tmp_path, killed_at_100,
+def test_corrupt_newest_state_resumes_from_the_previous_one_bitwise(tmp_path, killed_at_newest,
                                                                      reference_sha, fault):
-    work, run_dir = _copy(killed_at_100, tmp_path)
+    work, run_dir = _copy(killed_at_newest, tmp_path)
     kind, name = fault.split()
-    target = run_dir / STATE.format(100) / name
+    target = run_dir / STATE.format(NEWEST) / name
     if kind == "truncate":
         with open(target, "r+b") as f:
             f.truncate(target.stat().st_size // 2)
@@ -112,38 +139,39 @@ def test_corrupt_newest_state_resumes_from_the_previous_one_bitwise(tmp_path, ki
     why = (r"[\d,]+ B, the COMPLETE marker records [\d,]+ B \(truncated or overwritten\)"
            if kind == "truncate" else r"sha256 [0-9a-f]{16}\.\.\., the COMPLETE marker records "
            r"[0-9a-f]{16}\.\.\. \(contents changed after the save\)")
-    assert re.search(rf"resume: {STATE.format(100)}/{re.escape(name)}: {why}; set aside as "
-                     rf"{STATE.format(100)}\.corrupt-\d{{8}}T\d{{6}}Z \(kept for inspection, no "
+    assert re.search(rf"resume: {STATE.format(NEWEST)}/{re.escape(name)}: {why}; set aside as "
+                     rf"{STATE.format(NEWEST)}\.corrupt-\d{{8}}T\d{{6}}Z \(kept for inspection, no "
                      r"longer a resume state\); trying the previous state$", said[0]), said[0]
-    assert "resume: step 50, samples seen 1600, from checkpoints/step-00000050" in proc.stdout
+    assert f"resume: step {OLDER}, samples seen {OLDER * 32}, from {STATE.format(OLDER)}" \
+        in proc.stdout
     assert "FRESH START" not in proc.stdout
     # bitwise the uninterrupted run's final weights
     assert _final_sha(run_dir) == reference_sha
     # the corrupt state is kept, as it was, and no longer counts
-    [aside] = (run_dir / "checkpoints").glob("step-00000100.corrupt-*")
+    [aside] = (run_dir / "checkpoints").glob(f"step-{NEWEST:08d}.corrupt-*")
     assert (aside / name).read_bytes() == damaged
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "step-00000100", aside.name, "step-00000104"]
+        f"step-{NEWEST:08d}", aside.name, f"step-{LAST:08d}"]
 
 
-def test_no_intact_state_starts_fresh_with_a_loud_line(tmp_path, killed_at_100, reference_sha):
+def test_no_intact_state_starts_fresh_with_a_loud_line(tmp_path, killed_at_newest, reference_sha):
     """A deleted file in the newest state and a flipped bit in the one before: both are set
     aside with one line each, and the launch starts over from step 0 saying so."""
-    work, run_dir = _copy(killed_at_100, tmp_path)
-    (run_dir / STATE.format(100) / "trainer.pt").unlink()
-    model50 = run_dir / STATE.format(50) / "model.safetensors"
-    _flip(model50, _safetensors_data_middle(model50))
+    work, run_dir = _copy(killed_at_newest, tmp_path)
+    (run_dir / STATE.format(NEWEST) / "trainer.pt").unlink()
+    model_older = run_dir / STATE.format(OLDER) / "model.safetensors"
+    _flip(model_older, _safetensors_data_middle(model_older))
 
     proc = run_train(work, train_cmd(ARM, SEED, *SETS))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert f"resume: {STATE.format(100)}/trainer.pt: missing (the COMPLETE marker lists it); " \
-           f"set aside as {STATE.format(100)}.corrupt-" in out
-    assert f"resume: {STATE.format(50)}/model.safetensors: sha256 " in out
+    assert f"resume: {STATE.format(NEWEST)}/trainer.pt: missing (the COMPLETE marker lists it); " \
+           f"set aside as {STATE.format(NEWEST)}.corrupt-" in out
+    assert f"resume: {STATE.format(OLDER)}/model.safetensors: sha256 " in out
     loud = [line for line in out.splitlines() if "FRESH START" in line]
     assert len(loud) == 1 and re.search(
         r"resume: WARNING: FRESH START from step 0: none of the 2 complete resume state\(s\) is "
-        r"intact \(set aside: step-00000100\.corrupt-\S+, step-00000050\.corrupt-\S+\); the "
+        rf"intact \(set aside: step-{NEWEST:08d}\.corrupt-\S+, step-{OLDER:08d}\.corrupt-\S+\); the "
         r"run's earlier training is not carried over$", loud[0]), loud[0]
     assert "resume: step" not in out
     assert _final_sha(run_dir) == reference_sha  # a fresh start of a deterministic config
