@@ -220,9 +220,6 @@ def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None, la: str = "A
 
 INTENDED = ("arm", "seed")  # the experiment's variables
 LABELS = ("preset",)  # recorded names, not interpreted by the trainer
-# Fields that the trainer itself lets change between launches of one run because they do
-# not change what is computed (aleph.train.config.RESUMABLE_CHANGES is the source).
-_RESUMABLE = RESUMABLE_CHANGES
 HOLDING = ("store_implementation",)  # how targets are held: judged in the target section
 # Where the data was read from: a path or name differs between machines (a replication on
 # another host), while the contents are judged by content keys in the targets section
@@ -231,7 +228,8 @@ SOURCES = ("captions", "captions_column", "targets", "tokenizer")
 _CONFIG_INFO = ((INTENDED, "experiment variable"), (LABELS, "a label only"),
                 (HOLDING, "see target store"),
                 (SOURCES, "a data location: contents judged in the targets section"),
-                (_RESUMABLE, "does not change what is computed"))
+                # fields the trainer itself lets change between launches of one run
+                (RESUMABLE_CHANGES, "does not change what is computed"))
 
 
 def _flatten(obj, prefix="") -> dict:

@@ -18,6 +18,7 @@ from pathlib import Path
 from aleph._io import atomic_write_bytes
 from aleph.eval import rundir
 from aleph.report import published
+from aleph.report.comparability import NOT_COMPARABLE
 
 SIZE_PX = (1500, 800)
 DPI = 100
@@ -51,9 +52,6 @@ def _samples_per_step(run_dir: Path) -> int | None:
     cfg = rundir.read_run_json(run_dir, rundir.CONFIG, required=False) or {}
     b = cfg.get("batch_size")
     return b if isinstance(b, int) and b > 0 else None
-
-
-NOT_COMPARABLE = "not comparable to P"
 
 
 def _label(row: dict) -> str:
