@@ -286,6 +286,17 @@ def read_bounded(path: str | os.PathLike, limit: int, *, follow: bool = True) ->
     return read_chunked(path, limit, follow=follow)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def plain_relative(name: Any) -> bool:
+    """Whether `name` is a plain relative POSIX path: a non-empty string with no absolute
+    start, backslash, empty, '.' or '..' part, or control character (a NUL would reach the
+    OS as a path and fail there)."""
+    return (isinstance(name, str) and bool(name) and not name.startswith("/") and "\\" not in name
+            and not _CONTROL.search(name) and all(p not in ("", ".", "..") for p in name.split("/")))
+
+
 def short_repr(value: Any, limit: int = 120) -> str:
     """repr of a value echoed in an error, bounded (reprlib): a huge input stays one line."""
     import reprlib
