@@ -3,6 +3,7 @@ dir: a crash leaves the old file or the new one), bounded reads of regular files
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -186,10 +187,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = 
             os.link(tmp, path)
             os.unlink(tmp)
     except BaseException as e:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
             raise OSError(e.errno, disk_full_message(path, e, len(data))) from e
         raise

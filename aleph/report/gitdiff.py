@@ -70,8 +70,7 @@ def diff_revisions(repo: str | Path | None, rev_a: str, rev_b: str,
     top = _git(repo, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
         raise HunksUnavailable(f"{repo} is not a git checkout: code hunks not listed")
-    absent = [rev for rev in (rev_a, rev_b) if not has_commit(repo, rev)]
-    if absent:
+    if absent := [rev for rev in (rev_a, rev_b) if not has_commit(repo, rev)]:
         raise HunksUnavailable(
             f"revision{'s' if len(absent) > 1 else ''} {' and '.join(r[:12] for r in absent)} "
             f"not in the git checkout at {top.stdout.strip()}: code hunks not listed")

@@ -120,17 +120,11 @@ def check_run_dir(run_dir: Path) -> str:
     if not run_dir.is_dir():
         raise SyncError(f"{run_dir}: no such run directory")
     run = run_path(run_dir)
-    if not any(stat.S_ISREG(_lstat_mode(run_dir / n)) for n in (layout.CONFIG, layout.MANIFEST)):
+    if not any((run_dir / n).is_file() and not (run_dir / n).is_symlink()  # lstat: a regular file
+               for n in (layout.CONFIG, layout.MANIFEST)):
         raise SyncError(f"{run_dir}: not a run directory (no config.json or manifest.json; "
                         "expected a directory `aleph train` wrote); nothing was written to it")
     return run
-
-
-def _lstat_mode(path: Path) -> int:
-    try:
-        return os.lstat(path).st_mode
-    except OSError:
-        return 0
 
 
 def _damaged(dest: Destination, run: str, snap: Snapshot) -> list[str]:
