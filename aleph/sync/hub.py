@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aleph.sync.index as ix
@@ -115,8 +115,7 @@ class HubDestination(Destination):
                                         local_dir=local_dir, endpoint=self.endpoint))
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
-                previous: Snapshot | None, sent: Callable[[], None],
-                rewrite: frozenset[str] = frozenset()) -> str:
+                previous: Snapshot | None, rewrite: frozenset[str] = frozenset()) -> str:
         # `rewrite` needs nothing more here: every file in `sends` is uploaded whole.
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
@@ -136,8 +135,6 @@ class HubDestination(Destination):
             info = self.api.create_commit(
                 self.repo_id, ops, commit_message=f"aleph sync {run} step {index.get('step')}",
                 parent_commit=previous.revision if previous else None)
-        for _ in sends:
-            sent()
         return info.oid
 
     def fetch(self, run: str, snap: Snapshot, rel: str, out: Path, scratch: Path) -> None:

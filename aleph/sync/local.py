@@ -116,15 +116,13 @@ class DirDestination(Destination):
         return Snapshot(self._read_index(run, numbers[-1]), f"r{numbers[-1]}")
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
-                previous: Snapshot | None, sent: Callable[[], None],
-                rewrite: frozenset[str] = frozenset()) -> str:
+                previous: Snapshot | None, rewrite: frozenset[str] = frozenset()) -> str:
         self._check_root()
         number = (int(previous.revision[1:]) if previous else 0) + 1
         self._check_objects(run)  # before anything is written
         try:
             for n, item in enumerate(sends, start=1):
                 self._put(run, item, item.sha256 in rewrite)
-                sent()
                 pause_hook(n)
             self._write_index(run, number, ix.encode(index))
         except OSError as e:

@@ -103,7 +103,7 @@ def push(run_dir: Path, dest: Destination, verify: bool = False) -> PushResult:
         revision = previous.revision
     else:
         revision = dest.publish(run, ix.make_index(run, step, files, now), sends, drops,
-                                previous, lambda: None, rewrite)
+                                previous, rewrite)
     result = PushResult(dest.spec, run, revision, step, len(files), len(sends),
                         sum(i.size for i in sends), time.monotonic() - t0, now,
                         sum(1 for i in sends if i.rel in bad))
