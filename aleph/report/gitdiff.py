@@ -52,11 +52,6 @@ def has_commit(repo: Path, rev: str) -> bool:
     return _git(repo, "cat-file", "-e", f"{rev}^{{commit}}").returncode == 0
 
 
-def _first_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[0] if lines else "no message"
-
-
 def diff_revisions(repo: str | Path | None, rev_a: str, rev_b: str,
                    paths: tuple[str, ...] = ("aleph",)) -> CodeDiff:
     """The diff rev_a -> rev_b under `paths` (default: the package a run executes, which
@@ -78,9 +73,9 @@ def diff_revisions(repo: str | Path | None, rev_a: str, rev_b: str,
     patch = _git(repo, "diff", "--no-renames", "--unified=3", rev_a, rev_b, "--", *paths)
     for run in (numstat, patch):
         if run.returncode:
+            first = next((ln.strip() for ln in run.stderr.splitlines() if ln.strip()), "no message")
             raise HunksUnavailable(f"git diff {rev_a[:12]} {rev_b[:12]} failed in {repo} "
-                                   f"(exit {run.returncode}: {_first_line(run.stderr)}): "
-                                   "code hunks not listed")
+                                   f"(exit {run.returncode}: {first}): code hunks not listed")
     files = {}
     for line in numstat.stdout.splitlines():
         added, removed, path = line.split("\t", 2)

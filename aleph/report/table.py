@@ -88,12 +88,10 @@ def row_from_eval(run_dir: Path) -> dict:
 
 
 def assign_bases(rows: list[dict]) -> list[dict]:
-    """Give each run row its basis letter; return the legend entries, first seen first."""
+    """Give each run row (`rows` holds only those) its basis letter; return the legend
+    entries, first seen first."""
     keys: dict[tuple, dict] = {}
     for r in rows:
-        if r["kind"] != "run":
-            r["basis"] = PUBLISHED_BASIS
-            continue
         key = (r["config_sha256"], r["tasks_fingerprint"], r["weights"])
         if key not in keys:
             letter = chr(ord("A") + len(keys)) if len(keys) < 26 else f"Z{len(keys) - 25}"
@@ -221,11 +219,8 @@ def build(run_dirs: list[Path], with_published: bool = False) -> dict:
     rows += summaries
     notes += arm_notes
     if with_published:
-        rows += published.reference_rows()
+        rows += [{**r, "basis": PUBLISHED_BASIS} for r in published.reference_rows()]
         notes.append(f"published rows: {published.source()}")
-    for r in rows:
-        if r["kind"] == "published":
-            r["basis"] = PUBLISHED_BASIS
     return {"rows": rows, "task_names": task_names(rows), "notes": notes,
             "legend": legend(bases, with_published)}
 
