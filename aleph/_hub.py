@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import re
 
-from aleph._io import short_repr
+from aleph._io import plain_relative, short_repr
 from aleph.errors import AlephError
 
 ETAG = re.compile(r"[0-9a-fA-F]{8,128}")  # git blob sha1, LFS sha256, quoted or weak
 COMMIT = re.compile(r"[0-9a-f]{40}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MARK = "_aleph_guarded"
 
 
@@ -59,8 +58,7 @@ def check_commit(commit: object, where: str) -> str:
 
 def check_repo_name(name: object, where: str) -> str:
     """`name` if it is a plain relative POSIX path of a repo file."""
-    if (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name
-            or _CONTROL.search(name) or any(p in ("", ".", "..") for p in name.split("/"))):
+    if not plain_relative(name):
         raise HubAnswerRefused(f"{where}: the repo lists a file {short_repr(name, 120)}, not a "
                                "plain relative path (no '..', no absolute path, no backslash, "
                                "no empty part); nothing was downloaded")

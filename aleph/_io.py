@@ -3,6 +3,7 @@ dir: a crash leaves the old file or the new one), bounded reads of regular files
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -186,10 +187,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, replace: bool = 
             os.link(tmp, path)
             os.unlink(tmp)
     except BaseException as e:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
             raise OSError(e.errno, disk_full_message(path, e, len(data))) from e
         raise
@@ -284,6 +283,17 @@ def open_write_nofollow(path: str | os.PathLike, *, append: bool = False,
 def read_bounded(path: str | os.PathLike, limit: int, *, follow: bool = True) -> bytes:
     """`read_chunked`, following links by default."""
     return read_chunked(path, limit, follow=follow)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def plain_relative(name: Any) -> bool:
+    """Whether `name` is a plain relative POSIX path: a non-empty string with no absolute
+    start, backslash, empty, '.' or '..' part, or control character (a NUL would reach the
+    OS as a path and fail there)."""
+    return (isinstance(name, str) and bool(name) and not name.startswith("/") and "\\" not in name
+            and not _CONTROL.search(name) and all(p not in ("", ".", "..") for p in name.split("/")))
 
 
 def short_repr(value: Any, limit: int = 120) -> str:

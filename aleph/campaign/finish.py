@@ -41,7 +41,7 @@ def check_eval_inputs(configs: dict, opts: EvalOptions) -> None:
     """Load the evaluation tasks (and probe files) the runs will be scored on, before any
     training: a missing STS task or offline bundle fails the campaign now, in one line,
     not after days of training."""
-    from aleph.eval.probe_data import resolve_probe
+    from aleph.eval.probe_data import probe_for_run
     from aleph.eval.runner import default_tasks
     from aleph.eval.tasks import load_tasks, parse_task_names
     from aleph.train.config import to_dict
@@ -52,7 +52,7 @@ def check_eval_inputs(configs: dict, opts: EvalOptions) -> None:
     try:
         load_tasks(names, opts.tasks_dir)
         if opts.probes and (opts.probe_captions or opts.probe_targets):
-            resolve_probe(config, opts.probe_captions, opts.probe_targets, opts.probe_rows)
+            probe_for_run(config, opts.probe_captions, opts.probe_targets, opts.probe_rows)
     except (AlephError, OSError) as e:
         raise DataError(f"evaluation inputs of {cfg.arm}-s{cfg.seed} ({', '.join(names)}): "
                         f"{e}; the campaign evaluates every run at its end: fix this first "

@@ -85,8 +85,7 @@ def _where(c: Campaign) -> dict[str, str]:
 def _results(c: Campaign, eval_errors: dict[str, str], published: bool, repo: Path | None,
              outputs: dict[str, str]) -> None:
     complete = c.state.with_status(COMPLETE)
-    evaluated = [r for r in complete if r not in eval_errors]
-    if evaluated:
+    if evaluated := [r for r in complete if r not in eval_errors]:
         md, paths = finish.report(c, evaluated, published)
         print(md, file=c.out, flush=True)
         outputs["report"] = f"{paths[0]} ({', '.join(p.name for p in paths[1:])})"

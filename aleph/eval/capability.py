@@ -35,10 +35,9 @@ def task_spearman(model, tokenizer, task: STSTask, max_len: int, batch_size: int
         raise DataError(f"STS task {task.name!r} ({task.source}): {e}") from e
 
 
-def capability(
-    model, tokenizer, tasks: Sequence[STSTask], max_len: int,
-    batch_size: int = DEFAULT_BATCH, device="cpu", say: Say | None = None, label: str = "",
-) -> dict:
+def capability(model, tokenizer, tasks: Sequence[STSTask], max_len: int,
+               batch_size: int = DEFAULT_BATCH, device="cpu", say: Say | None = None,
+               label: str = "") -> dict:
     """{"tasks": {name: rho}, "mean": unweighted mean over the tasks}; with `say`, one line
     per task (and encoding progress for long ones)."""
     per_task = {}
@@ -61,10 +60,9 @@ def dispatch(model, on: bool):
         model.set_dispatch(True)
 
 
-def capability_with_toggle(
-    model, tokenizer, tasks: Sequence[STSTask], max_len: int, has_bank: bool,
-    batch_size: int = DEFAULT_BATCH, device="cpu", say: Say | None = None,
-) -> dict:
+def capability_with_toggle(model, tokenizer, tasks: Sequence[STSTask], max_len: int,
+                           has_bank: bool, batch_size: int = DEFAULT_BATCH, device="cpu",
+                           say: Say | None = None) -> dict:
     """Capability with dispatch on; for bank arms also off and the toggle (off - on)."""
     with dispatch(model, True) if has_bank else nullcontext():  # a dense model has no bank
         on = capability(model, tokenizer, tasks, max_len, batch_size, device, say,

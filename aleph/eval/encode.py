@@ -23,15 +23,9 @@ def tokenize(tokenizer, texts: Sequence[str], max_len: int) -> tuple[torch.Tenso
 
 
 @torch.inference_mode()
-def encode(
-    model: torch.nn.Module,
-    tokenizer,
-    texts: Sequence[str],
-    max_len: int,
-    batch_size: int = DEFAULT_BATCH,
-    device: str | torch.device = "cpu",
-    on_batch: Callable[[int, int], None] | None = None,
-) -> torch.Tensor:
+def encode(model: torch.nn.Module, tokenizer, texts: Sequence[str], max_len: int,
+           batch_size: int = DEFAULT_BATCH, device: str | torch.device = "cpu",
+           on_batch: Callable[[int, int], None] | None = None) -> torch.Tensor:
     """Embeddings (N, D) float32 on the CPU, one row per text of `texts`; `on_batch(done,
     total)` is called after each batch with the distinct texts encoded so far."""
     if batch_size < 1:

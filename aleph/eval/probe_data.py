@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from aleph.errors import DataError
+from aleph.eval import rundir
 from aleph.eval.evaluate import ProbeData
 
 HELD_OUT_SEED = 7_919_001  # not a seed any smoke data set is generated with (those use 0..)
@@ -96,7 +97,8 @@ def _run_store(config: dict, run_dir: Path | None):
     from aleph.targets import open_store
     from aleph.targets.locate import resolve_sources
 
-    manifest = _read_manifest(run_dir)
+    manifest = {} if run_dir is None else (
+        rundir.read_run_json(run_dir, rundir.MANIFEST, required=False) or {})
     for launch in reversed([e for e in manifest.get("launches") or [] if isinstance(e, dict)]):
         rec = (launch.get("inputs") or {}).get("target_store") if isinstance(launch.get("inputs"), dict) else None
         if isinstance(rec, dict) and rec.get("dir") and Path(str(rec["dir"])).is_dir():
@@ -111,13 +113,6 @@ def _run_store(config: dict, run_dir: Path | None):
         return open_store(resolve_sources(list(config.get("targets") or []))), None
     except (StoreError, DataError) as e:
         return None, str(e)
-
-
-def _read_manifest(run_dir: Path | None) -> dict:
-    from aleph.eval import rundir
-
-    return {} if run_dir is None else (
-        rundir.read_run_json(run_dir, rundir.MANIFEST, required=False) or {})
 
 
 def e1_probe(config: dict, rows: int = DEFAULT_ROWS, run_dir: Path | None = None,
@@ -157,9 +152,3 @@ def probe_for_run(config: dict, captions: str | None, targets: str | None, rows:
     if config.get("smoke_data"):
         return smoke_probe(rows), None
     return e1_probe(config, rows, run_dir)
-
-
-def resolve_probe(config: dict, captions: str | None, targets: str | None, rows: int,
-                  run_dir: Path | None = None) -> ProbeData | None:
-    """`probe_for_run` without the reason."""
-    return probe_for_run(config, captions, targets, rows, run_dir)[0]

@@ -22,9 +22,8 @@ from aleph.errors import DataError
 
 def _check(student: torch.Tensor, target: torch.Tensor) -> None:
     if student.shape != target.shape or student.ndim != 2:
-        raise DataError(
-            f"probe: student {tuple(student.shape)} and target {tuple(target.shape)} must both be (N, D)"
-        )
+        raise DataError(f"probe: student {tuple(student.shape)} and target "
+                        f"{tuple(target.shape)} must both be (N, D)")
 
 
 TIE_RULE = "split"  # recorded in eval.json next to the figure
@@ -35,10 +34,8 @@ def mimicry_r_at_1(student: torch.Tensor, target: torch.Tensor, batch_size: int)
     _check(student, target)
     n_batches = student.shape[0] // batch_size
     if batch_size < 2 or n_batches == 0:
-        raise DataError(
-            f"R@1 needs batch_size >= 2 and at least one full batch: {student.shape[0]} rows, "
-            f"batch_size {batch_size}"
-        )
+        raise DataError(f"R@1 needs batch_size >= 2 and at least one full batch: "
+                        f"{student.shape[0]} rows, batch_size {batch_size}")
     rows = n_batches * batch_size
     s = F.normalize(student.double(), dim=-1)[:rows].view(n_batches, batch_size, -1)  # (n, B, D)
     t = F.normalize(target.double(), dim=-1)[:rows].view(n_batches, batch_size, -1)  # (n, B, D)

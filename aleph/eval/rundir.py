@@ -104,14 +104,12 @@ def lock_held(run_dir: Path) -> bool:
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released as the descriptor closes
     except BlockingIOError:
         return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
     finally:
         os.close(fd)
+    return False
 
 
 def step_weights(run_dir: Path) -> list[Path]:

@@ -120,11 +120,9 @@ def load_task(name: str, tasks_dir: str | Path | None = None) -> STSTask:
             return STSTask(name, read_jsonl(path), f"bundle:{dataset_id}@{revision[:12]}:test")
         return load_hf_task(name)
     where = f" and no {name}.tsv/.jsonl in {tasks_dir}" if tasks_dir else ""
-    raise DataError(
-        f"unknown STS task {name!r}{where}; known: {', '.join(E1_TASKS)}, smoke "
-        f"(or pass --tasks-dir with <name>.tsv / <name>.jsonl files; the E1 tasks' files are "
-        f"{TASK_FILES})"
-    )
+    raise DataError(f"unknown STS task {name!r}{where}; known: {', '.join(E1_TASKS)}, smoke "
+                    f"(or pass --tasks-dir with <name>.tsv / <name>.jsonl files; the E1 tasks' "
+                    f"files are {TASK_FILES})")
 
 
 def smoke_task(n: int = SMOKE_PAIRS, seed: int = SMOKE_SEED) -> STSTask:
@@ -145,17 +143,14 @@ def load_hf_task(name: str) -> STSTask:
         from aleph.data.bundle import fetch_hint
 
         why = " ".join(str(e)[:300].split())
-        raise DataError(
-            f"cannot load STS task {name!r} from dataset {dataset_id} (test split, cache {cache}): "
-            f"{type(e).__name__}: {why}. Offline? Run once with network access to fill "
-            f"the cache, give --tasks-dir with a local {name}.tsv / {name}.jsonl, {fetch_hint()}"
-        ) from e
+        raise DataError(f"cannot load STS task {name!r} from dataset {dataset_id} (test split, "
+                        f"cache {cache}): {type(e).__name__}: {why}. Offline? Run once with "
+                        f"network access to fill the cache, give --tasks-dir with a local "
+                        f"{name}.tsv / {name}.jsonl, {fetch_hint()}") from e
     if missing := {"sentence1", "sentence2", "score"} - set(ds.column_names):
         raise DataError(f"dataset {dataset_id} lacks columns {sorted(missing)}")
-    pairs = tuple(
-        (str(a), str(b), float(s))
-        for a, b, s in zip(ds["sentence1"], ds["sentence2"], ds["score"], strict=True)
-    )
+    pairs = tuple((str(a), str(b), float(s))
+                  for a, b, s in zip(ds["sentence1"], ds["sentence2"], ds["score"], strict=True))
     return STSTask(name, _checked(pairs, dataset_id), f"hf:{dataset_id}@{revision[:12]}:test")
 
 

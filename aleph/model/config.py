@@ -111,10 +111,8 @@ class ModelConfig(ModelShape):
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
+        if unknown := sorted(set(data) - known):
             raise ConfigError(f"{source}: unknown field(s) {unknown}; known: {sorted(known)}")
-        missing = sorted(k for k in ("arm", "vocab_size", "init") if k not in data)
-        if missing:
+        if missing := sorted(k for k in ("arm", "vocab_size", "init") if k not in data):
             raise ConfigError(f"{source}: missing required field(s) {missing}")
         return cls(**data)

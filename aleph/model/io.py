@@ -58,8 +58,7 @@ def load_model(weights_dir: str | Path, device: str | torch.device = "cpu") -> A
         model = build_model(cfg).to(device)
     except ConfigError as e:  # a shape too large to allocate: name the file that asks for it
         raise ConfigError(f"{cfg_path}: {e}") from None
-    problem = state_mismatch(model.state_dict(), state, 5)
-    if problem:
+    if problem := state_mismatch(model.state_dict(), state, 5):
         raise StoreError(f"{w_path}: does not match {cfg_path} (arm {cfg.arm}): {problem}")
     model.load_state_dict(state, strict=True)
     return model

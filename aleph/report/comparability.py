@@ -60,8 +60,7 @@ def config_differences(config: dict) -> tuple[list[str], list[str]]:
             continue
         text = f"{key}={_fmt(cfg.get(key, 'absent'))} (e1: {_fmt(ref.get(key, 'absent'))})"
         (other if key in NOT_THE_SCORE else moves).append(text)
-    absent = [k for k in absent if k not in SHAPE]
-    if absent:
+    if absent := [k for k in absent if k not in SHAPE]:
         moves.append(f"config fields not recorded: {', '.join(absent)}")
     return moves, other
 

@@ -99,20 +99,19 @@ def _environment(ref, source: str) -> dict:
     return ref.environment
 
 
-def compare_environment(d: RunDiff, ea: dict, eb: dict) -> None:
-    s = "environment"
+def compare_environment(add, ea: dict, eb: dict) -> None:
     pa, pb = ea.get("python"), eb.get("python")
     if pa == pb:
-        d.add(s, "same", f"Python {pa}")
+        add("same", f"Python {pa}")
     elif _minor(pa) != _minor(pb):
-        d.add(s, "blocker", f"Python {pa} vs {pb}")
+        add("blocker", f"Python {pa} vs {pb}")
     else:
-        d.add(s, "caveat", f"Python patch level differs: {pa} vs {pb}")
+        add("caveat", f"Python patch level differs: {pa} vs {pb}")
     for key in (*ENV_BLOCKING, *ENV_CAVEAT):
         level = "blocker" if key in ENV_BLOCKING else "caveat"
-        d.add(s, *_same_or(level, key, ea.get(key), eb.get(key)))
-    _compare_gpus(d, ea.get("gpus") or [], eb.get("gpus") or [])
-    _compare_packages(d, ea, eb)
+        add(*_same_or(level, key, ea.get(key), eb.get(key)))
+    _compare_gpus(add, ea.get("gpus") or [], eb.get("gpus") or [])
+    _compare_packages(add, ea, eb)
 
 
 def _gpu_names(gpus: list) -> str:
@@ -120,30 +119,30 @@ def _gpu_names(gpus: list) -> str:
     return ", ".join(f"{names.count(n)} x {n}" for n in sorted(set(names))) or "no GPU"
 
 
-def _compare_gpus(d: RunDiff, ga: list, gb: list) -> None:
+def _compare_gpus(add, ga: list, gb: list) -> None:
     na, nb = _gpu_names(ga), _gpu_names(gb)
     if na != nb:
-        d.add("environment", "caveat", f"GPUs {na} vs {nb}")
+        add("caveat", f"GPUs {na} vs {nb}")
         return
     ua = sorted(g.get("uuid") or "" for g in ga)
     ub = sorted(g.get("uuid") or "" for g in gb)
-    d.add("environment", "same" if ua == ub else "info",
-          f"GPUs {na}" + ("" if ua == ub else " (same model, different physical devices)"))
+    add("same" if ua == ub else "info",
+        f"GPUs {na}" + ("" if ua == ub else " (same model, different physical devices)"))
 
 
-def _compare_packages(d: RunDiff, ea: dict, eb: dict) -> None:
+def _compare_packages(add, ea: dict, eb: dict) -> None:
     fa, fb = ea.get("freeze_sha256"), eb.get("freeze_sha256")
     if fa is not None and fa == fb:
-        d.add("environment", "same", f"package set identical (freeze sha256 {fa[:12]})")
+        add("same", f"package set identical (freeze sha256 {fa[:12]})")
         return
     pa, pb = ea.get("packages") or {}, eb.get("packages") or {}
     changed = sorted(n for n in set(pa) | set(pb) if pa.get(n) != pb.get(n))
-    d.add("environment", "info", f"freeze sha256 {str(fa)[:12]} vs {str(fb)[:12]}: "
-          f"{len(changed)} package(s) differ")
+    add("info", f"freeze sha256 {str(fa)[:12]} vs {str(fb)[:12]}: {len(changed)} package(s) "
+        "differ")
     for name in changed:
         if name in ENV_BLOCKING:
             continue  # already judged above from the runtime facts
-        d.add("environment", "caveat", f"package {name} {pa.get(name, 'absent')} vs {pb.get(name, 'absent')}")
+        add("caveat", f"package {name} {pa.get(name, 'absent')} vs {pb.get(name, 'absent')}")
 
 
 # --- envelope -------------------------------------------------------------------------------
@@ -203,14 +202,12 @@ def compare_execution(add, xa: dict | None, xb: dict | None, la: str = "A", lb: 
 
 # --- code ---------------------------------------------------------------------------------
 
-def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None, la: str = "A", lb: str = "B",
-                 run_a: Path | None = None, run_b: Path | None = None,
-                 section: str = "code") -> None:
+def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None, la: str, lb: str,
+                 run_a: Path, run_b: Path) -> None:
     """Two launches' code records, with their executed-code records when they have them
     (aleph.report.code_compare)."""
-    exec_a, why_a = read_executed(run_a, ca) if run_a is not None else (None, "")
-    exec_b, why_b = read_executed(run_b, cb) if run_b is not None else (None, "")
-    cd = code_compare.compare_code(d.adder(section), ca, cb, repo, la, lb, exec_a, exec_b,
+    (exec_a, why_a), (exec_b, why_b) = read_executed(run_a, ca), read_executed(run_b, cb)
+    cd = code_compare.compare_code(d.adder("code"), ca, cb, repo, la, lb, exec_a, exec_b,
                                    why_a, why_b)
     if cd is not None and d.code_diff is None:
         d.code_diff = cd
@@ -220,9 +217,6 @@ def compare_code(d: RunDiff, ca: dict, cb: dict, repo: Path | None, la: str = "A
 
 INTENDED = ("arm", "seed")  # the experiment's variables
 LABELS = ("preset",)  # recorded names, not interpreted by the trainer
-# Fields that the trainer itself lets change between launches of one run because they do
-# not change what is computed (aleph.train.config.RESUMABLE_CHANGES is the source).
-_RESUMABLE = RESUMABLE_CHANGES
 HOLDING = ("store_implementation",)  # how targets are held: judged in the target section
 # Where the data was read from: a path or name differs between machines (a replication on
 # another host), while the contents are judged by content keys in the targets section
@@ -231,7 +225,8 @@ SOURCES = ("captions", "captions_column", "targets", "tokenizer")
 _CONFIG_INFO = ((INTENDED, "experiment variable"), (LABELS, "a label only"),
                 (HOLDING, "see target store"),
                 (SOURCES, "a data location: contents judged in the targets section"),
-                (_RESUMABLE, "does not change what is computed"))
+                # fields the trainer itself lets change between launches of one run
+                (RESUMABLE_CHANGES, "does not change what is computed"))
 
 
 def _flatten(obj, prefix="") -> dict:
@@ -273,13 +268,13 @@ def _label(who: str, r: LaunchRecord | None, manifest: dict) -> str:
     return f"{who} {r.label()}" if several and r is not None else who
 
 
-def _lift(d: RunDiff, section: str, prefix: str, compare) -> None:
-    """Run a comparison into a scratch diff and keep its differences, prefixed."""
-    scratch = RunDiff(d.a, d.b)
-    compare(scratch)
-    for f in scratch.findings:
-        if f.level != "same":
-            d.add(section if f.section == section else f.section, f.level, f"{prefix}{f.text}")
+def _lift(d: RunDiff, section: str, prefix: str, compare, a: dict, b: dict) -> None:
+    """Run compare(add, a, b) aside and keep its differences in `section`, prefixed."""
+    found: list[tuple[str, str]] = []
+    compare(lambda level, text: found.append((level, text)), a, b)
+    for level, text in found:
+        if level != "same":
+            d.add(section, level, f"{prefix}{text}")
 
 
 def _within_run(d: RunDiff, who: str, run: Path, manifest: dict, repo: Path | None) -> None:
@@ -290,15 +285,11 @@ def _within_run(d: RunDiff, who: str, run: Path, manifest: dict, repo: Path | No
         la, lb = f"{who} {ref.label()}", f"{who} {r.label()}"
         if r.code.get("source_sha256") != ref.code.get("source_sha256"):
             compare_code(d, ref.code, r.code, repo, la, lb, run, run)
-        if ref.environment and r.environment and ref.environment != r.environment:
-            _lift(d, "environment", f"{lb} vs {la}: ",
-                  lambda x, e1=ref.environment, e2=r.environment: compare_environment(x, e1, e2))
-        if ref.envelope and r.envelope:
-            _lift(d, "envelope", f"{lb} vs {la}: ", lambda x, e1=ref.envelope, e2=r.envelope:
-                  compare_envelope(x.adder("envelope"), e1, e2))
-        if ref.execution and r.execution:
-            _lift(d, "execution", f"{lb} vs {la}: ", lambda x, e1=ref.execution, e2=r.execution:
-                  compare_execution(x.adder("execution"), e1, e2))
+        for section, compare in (("environment", compare_environment),
+                                 ("envelope", compare_envelope), ("execution", compare_execution)):
+            a, b = getattr(ref, section), getattr(r, section)
+            if a and b and a != b:  # equal records: nothing to report
+                _lift(d, section, f"{lb} vs {la}: ", compare, a, b)
 
 
 def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) -> RunDiff:
@@ -311,7 +302,8 @@ def diff_runs(run_a: str | Path, run_b: str | Path, repo: Path | None = None) ->
     # for a manifest from before per-launch records, its top-level record).
     ref_a, ref_b = reference_launch(ma), reference_launch(mb)
     la, lb = _label("A", ref_a, ma), _label("B", ref_b, mb)
-    compare_environment(d, _environment(ref_a, src_a), _environment(ref_b, src_b))
+    compare_environment(d.adder("environment"), _environment(ref_a, src_a),
+                        _environment(ref_b, src_b))
     compare_envelope(d.adder("envelope"), ref_a.envelope if ref_a else None,
                      ref_b.envelope if ref_b else None)
     xa, xb = (ref_a.execution if ref_a else None), (ref_b.execution if ref_b else None)

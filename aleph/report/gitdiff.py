@@ -52,11 +52,6 @@ def has_commit(repo: Path, rev: str) -> bool:
     return _git(repo, "cat-file", "-e", f"{rev}^{{commit}}").returncode == 0
 
 
-def _first_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[0] if lines else "no message"
-
-
 def diff_revisions(repo: str | Path | None, rev_a: str, rev_b: str,
                    paths: tuple[str, ...] = ("aleph",)) -> CodeDiff:
     """The diff rev_a -> rev_b under `paths` (default: the package a run executes, which
@@ -70,8 +65,7 @@ def diff_revisions(repo: str | Path | None, rev_a: str, rev_b: str,
     top = _git(repo, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
         raise HunksUnavailable(f"{repo} is not a git checkout: code hunks not listed")
-    absent = [rev for rev in (rev_a, rev_b) if not has_commit(repo, rev)]
-    if absent:
+    if absent := [rev for rev in (rev_a, rev_b) if not has_commit(repo, rev)]:
         raise HunksUnavailable(
             f"revision{'s' if len(absent) > 1 else ''} {' and '.join(r[:12] for r in absent)} "
             f"not in the git checkout at {top.stdout.strip()}: code hunks not listed")
@@ -79,9 +73,9 @@ def diff_revisions(repo: str | Path | None, rev_a: str, rev_b: str,
     patch = _git(repo, "diff", "--no-renames", "--unified=3", rev_a, rev_b, "--", *paths)
     for run in (numstat, patch):
         if run.returncode:
+            first = next((ln.strip() for ln in run.stderr.splitlines() if ln.strip()), "no message")
             raise HunksUnavailable(f"git diff {rev_a[:12]} {rev_b[:12]} failed in {repo} "
-                                   f"(exit {run.returncode}: {_first_line(run.stderr)}): "
-                                   "code hunks not listed")
+                                   f"(exit {run.returncode}: {first}): code hunks not listed")
     files = {}
     for line in numstat.stdout.splitlines():
         added, removed, path = line.split("\t", 2)

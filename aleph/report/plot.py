@@ -18,6 +18,7 @@ from pathlib import Path
 from aleph._io import atomic_write_bytes
 from aleph.eval import rundir
 from aleph.report import published
+from aleph.report.comparability import NOT_COMPARABLE
 
 SIZE_PX = (1500, 800)
 DPI = 100
@@ -51,9 +52,6 @@ def _samples_per_step(run_dir: Path) -> int | None:
     cfg = rundir.read_run_json(run_dir, rundir.CONFIG, required=False) or {}
     b = cfg.get("batch_size")
     return b if isinstance(b, int) and b > 0 else None
-
-
-NOT_COMPARABLE = "not comparable to P"
 
 
 def _label(row: dict) -> str:
@@ -116,28 +114,22 @@ def _title(runs: list[dict]) -> str:
     return title + (f" ({NOT_COMPARABLE}: {', '.join(apart)})" if apart else "")
 
 
-def _style(runs: list[dict], row: dict) -> dict:
-    i = [r for r in runs if r["arm"] == row["arm"]].index(row)
-    return {"color": ARM_COLOURS.get(row["arm"], "grey"), "linestyle": LINESTYLES[i % len(LINESTYLES)]}
-
-
-def _xs(points, per_step, x_is_samples):
-    return [s * per_step if x_is_samples else s for s, _ in points]
-
-
 def _curves(ax, runs, curves, per_step, x_is_samples, xlabel, title, empty, **title_kw) -> bool:
     """One line per run that has points (`curves[i]`: [(step, value)]); False when none has."""
     drawn = False
     for row, pts, ps in zip(runs, curves, per_step, strict=True):
         if pts:
-            ax.plot(_xs(pts, ps, x_is_samples), [v for _, v in pts], label=_label(row),
-                    **_style(runs, row))
+            i = [r for r in runs if r["arm"] == row["arm"]].index(row)  # its arm's i-th run
+            ax.plot([s * ps if x_is_samples else s for s, _ in pts], [v for _, v in pts],
+                    label=_label(row), color=ARM_COLOURS.get(row["arm"], "grey"),
+                    linestyle=LINESTYLES[i % len(LINESTYLES)])
             drawn = True
     ax.set_title(title, **title_kw)
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
     if not drawn:
-        _empty(ax, empty)
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, fontsize=9,
+                color="grey")
     return drawn
 
 
@@ -219,10 +211,6 @@ def _layer_mean(scalars: dict, gauge: str) -> list:
             for s, v in pts:
                 by_step[s].append(v)
     return sorted((s, sum(v) / len(v)) for s, v in by_step.items())
-
-
-def _empty(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
 
 
 def write_png(report: dict, run_dirs: list[Path], path: Path) -> Path:

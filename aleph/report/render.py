@@ -8,11 +8,11 @@ from pathlib import Path
 
 from aleph._io import atomic_write_json, atomic_write_text
 from aleph.model.config import BANK_ARMS
+from aleph.report.table import MISSING_TEXT as MISSING
 from aleph.report.table import NUMERIC, task_label
 
 SUMMARY_HEADER = ("run", "mean", "dispatch OFF", "toggle", "R@1", "cos->target", "erank/768", "basis",
                   "vs P")
-MISSING = "—"
 NOT_E1_MARK = " †"  # a per-task cell scored on data that is not the E1 task of its column
 # What each column of the summary table means, printed under it. README.md's column table
 # carries the same pairs word for word (tests/report/test_glossary.py holds them together).

@@ -59,8 +59,7 @@ def data_sha256(t: dict, limit: int = HASH_LIMIT_BYTES) -> str | None:
 
 def compare_targets(ta: dict, tb: dict) -> list[tuple[str, str]]:
     """(level, text) findings comparing two runs' target store records."""
-    differing = [k for k in SIZE_KEYS if ta.get(k) != tb.get(k)]
-    if differing:
+    if differing := [k for k in SIZE_KEYS if ta.get(k) != tb.get(k)]:
         return [("blocker", f"target stores differ in {', '.join(differing)}: {_size(ta)} vs {_size(tb)}")]
     ma, mb = ta.get("manifest_sha256"), tb.get("manifest_sha256")
     ka, kb = content_key(ta), content_key(tb)

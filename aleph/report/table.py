@@ -27,12 +27,6 @@ PROBE_KEYS = ("r_at_1", "cos_target", "erank")
 PUBLISHED_BASIS = "P"
 
 
-def _config(run_dir: Path) -> dict | None:
-    """The run's config.json without OPERATIONAL fields, or None when there is none."""
-    cfg = rundir.read_run_json(run_dir, rundir.CONFIG, required=False)
-    return None if cfg is None else {k: v for k, v in cfg.items() if k not in OPERATIONAL}
-
-
 def _weights(ev: dict) -> str:
     """"final" or "step N": which weights eval.json scored (an eval.json without a path: final)."""
     path = str((ev.get("weights") or {}).get("path") or "weights/final/")
@@ -62,9 +56,10 @@ def row_from_eval(run_dir: Path) -> dict:
     src = str(run_dir / rundir.EVAL)
     probes = rundir.field(ev, "probes", src, default=None) or {}
     tasks = rundir.field(ev, "tasks", src, kind=dict)
-    config = _config(run_dir)
-    vs_e1 = comparability.judge(rundir.read_run_json(run_dir, rundir.CONFIG, required=False), ev,
-                                rundir.read_run_json(run_dir, rundir.MANIFEST, required=False))
+    raw = rundir.read_run_json(run_dir, rundir.CONFIG, required=False)
+    config = None if raw is None else {k: v for k, v in raw.items() if k not in OPERATIONAL}
+    vs_e1 = comparability.judge(raw, ev, rundir.read_run_json(run_dir, rundir.MANIFEST,
+                                                              required=False))
     return {
         "run": rundir.field(ev, "run_id", src, kind=str), "kind": "run",
         "arm": rundir.field(ev, "arm", src, kind=str), "seed": ev.get("seed"),
@@ -93,12 +88,10 @@ def row_from_eval(run_dir: Path) -> dict:
 
 
 def assign_bases(rows: list[dict]) -> list[dict]:
-    """Give each run row its basis letter; return the legend entries, first seen first."""
+    """Give each run row (`rows` holds only those) its basis letter; return the legend
+    entries, first seen first."""
     keys: dict[tuple, dict] = {}
     for r in rows:
-        if r["kind"] != "run":
-            r["basis"] = PUBLISHED_BASIS
-            continue
         key = (r["config_sha256"], r["tasks_fingerprint"], r["weights"])
         if key not in keys:
             letter = chr(ord("A") + len(keys)) if len(keys) < 26 else f"Z{len(keys) - 25}"
@@ -226,11 +219,8 @@ def build(run_dirs: list[Path], with_published: bool = False) -> dict:
     rows += summaries
     notes += arm_notes
     if with_published:
-        rows += published.reference_rows()
+        rows += [{**r, "basis": PUBLISHED_BASIS} for r in published.reference_rows()]
         notes.append(f"published rows: {published.source()}")
-    for r in rows:
-        if r["kind"] == "published":
-            r["basis"] = PUBLISHED_BASIS
     return {"rows": rows, "task_names": task_names(rows), "notes": notes,
             "legend": legend(bases, with_published)}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 
 from aleph.sync.index import SyncError
@@ -39,7 +38,7 @@ class Destination(ABC):
 
     @abstractmethod
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
-                previous, sent: Callable[[], None], rewrite: frozenset[str] = frozenset()) -> str:
+                previous, rewrite: frozenset[str] = frozenset()) -> str:
         """Send `sends`, make `index` the newest snapshot (files not sent are unchanged
         since `previous`; `drops` left it); returns the new revision. `rewrite`: sha256s
         whose stored copy is damaged, to be written again even where a copy is present."""

@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aleph.sync.index as ix
 from aleph._hub import check_commit, guard_hub
 from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
-from aleph.sync.safefs import read_at_most
 from aleph.sync.select import Item
 
 INDEX_NAME = ".aleph-sync.json"
@@ -100,11 +99,8 @@ class HubDestination(Destination):
         where = f"{self.spec}@{head[0][:12]}:{name}"
         self._check_size(name, head[0], None, ix.INDEX_MAX)
         with tempfile.TemporaryDirectory(prefix="aleph-sync-") as tmp:
-            fd = os.open(self._download(name, head[0], Path(tmp)), os.O_RDONLY)
-            try:
-                data = read_at_most(fd, ix.INDEX_MAX + 1)
-            finally:
-                os.close(fd)
+            with open(self._download(name, head[0], Path(tmp)), "rb") as f:
+                data = f.read(ix.INDEX_MAX + 1)  # bounded: one byte more tells "too large"
         if len(data) > ix.INDEX_MAX:
             raise SyncError(f"sync destination {where}: larger than {ix.INDEX_MAX:,} B (the cap on "
                             "an index)")
@@ -119,8 +115,7 @@ class HubDestination(Destination):
                                         local_dir=local_dir, endpoint=self.endpoint))
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
-                previous: Snapshot | None, sent: Callable[[], None],
-                rewrite: frozenset[str] = frozenset()) -> str:
+                previous: Snapshot | None, rewrite: frozenset[str] = frozenset()) -> str:
         # `rewrite` needs nothing more here: every file in `sends` is uploaded whole.
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
@@ -140,8 +135,6 @@ class HubDestination(Destination):
             info = self.api.create_commit(
                 self.repo_id, ops, commit_message=f"aleph sync {run} step {index.get('step')}",
                 parent_commit=previous.revision if previous else None)
-        for _ in sends:
-            sent()
         return info.oid
 
     def fetch(self, run: str, snap: Snapshot, rel: str, out: Path, scratch: Path) -> None:

@@ -10,17 +10,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from aleph._io import RUNS_DIR
+from aleph._io import RUNS_DIR, plain_relative
 from aleph.errors import AlephError
 
 SCHEMA = "aleph-sync/1"
 INDEX_MAX = 8 << 20
 """Largest index read: ~50,000 files of ~150 B entries, a hundred times what a run syncs."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class SyncError(AlephError):
@@ -45,11 +44,8 @@ class Snapshot:
 
 
 def check_rel(rel: str, what: str) -> str:
-    """`rel` if it is a plain relative POSIX path (no '..', no absolute, no empty part, no
-    control character: a NUL would reach the OS as a path and fail there)."""
-    p = PurePosixPath(rel)
-    if (not rel or p.is_absolute() or "\\" in rel or _CONTROL.search(rel)
-            or any(part in ("", ".", "..") for part in rel.split("/"))):
+    """`rel` if it is a plain relative POSIX path (aleph._io.plain_relative)."""
+    if not plain_relative(rel):
         raise SyncError(f"{what}: path {rel!r} is not a plain relative path (no '..', no "
                         "absolute path, no control character)")
     return rel

@@ -20,19 +20,19 @@ import os
 import re
 import stat
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import aleph.sync.index as ix
 from aleph._io import file_mode
 from aleph.sync.dest import Destination, pause_hook
 from aleph.sync.index import Snapshot, SyncError
-from aleph.sync.safefs import Tree, kind, open_dir_at, read_at_most
+from aleph.sync.safefs import Tree, copy, kind, open_dir_at, read_at_most
 from aleph.sync.select import Item
 
 OBJECTS, INDEXES = "objects", "indexes"
 KEEP = 2
 """Snapshots kept per run: the newest, and the one a pull that started just before it reads."""
-_CHUNK = 8 << 20
 _OBJECT, _SUB = re.compile(r"[0-9a-f]{64}"), re.compile(r"[0-9a-f]{2}")
 _INDEX = re.compile(r"[0-9]{8}\.json")
 _TMP = re.compile(r"\.tmp-[a-z0-9_]{8}")  # _put's mkstemp names
@@ -116,15 +116,13 @@ class DirDestination(Destination):
         return Snapshot(self._read_index(run, numbers[-1]), f"r{numbers[-1]}")
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
-                previous: Snapshot | None, sent: Callable[[], None],
-                rewrite: frozenset[str] = frozenset()) -> str:
+                previous: Snapshot | None, rewrite: frozenset[str] = frozenset()) -> str:
         self._check_root()
         number = (int(previous.revision[1:]) if previous else 0) + 1
         self._check_objects(run)  # before anything is written
         try:
             for n, item in enumerate(sends, start=1):
                 self._put(run, item, item.sha256 in rewrite)
-                sent()
                 pause_hook(n)
             self._write_index(run, number, ix.encode(index))
         except OSError as e:
@@ -189,12 +187,9 @@ class DirDestination(Destination):
         if item.data is not None:
             out.write(item.data)
             return hashlib.sha256(item.data).hexdigest()
-        h, left = hashlib.sha256(), item.size
+        h = hashlib.sha256()
         with open(item.path, "rb") as f:
-            while left > 0 and (block := f.read(min(_CHUNK, left))):
-                h.update(block)
-                out.write(block)
-                left -= len(block)
+            copy(f.read, item.size, h.update, out.write)
         return h.hexdigest()
 
     def _write_index(self, run: str, number: int, data: bytes) -> None:
@@ -268,7 +263,7 @@ class DirDestination(Destination):
                 continue
             h = hashlib.sha256()
             try:
-                short = _copy(fd, rec["size"], h.update)
+                short = copy(partial(os.read, fd), rec["size"], h.update)
             except OSError:
                 short = 1  # unreadable: as damaged as a wrong hash
             finally:
@@ -282,7 +277,7 @@ class DirDestination(Destination):
         fd = self._open_object(run, rel, rec)
         try:
             with open(out, "xb") as dst:  # a new file of the pull's own staging
-                left = _copy(fd, rec["size"], dst.write)
+                left = copy(partial(os.read, fd), rec["size"], dst.write)
         except OSError as e:
             where = f"{e.filename}: " if e.filename else ""
             raise self.tree.error(f"{run}/{rel}", f"not copied ({where}{e.strerror or e})") from None
@@ -296,15 +291,6 @@ class DirDestination(Destination):
 def _own_object(sub: str, name: str) -> bool:
     """A name this destination writes in objects/<sub>/: the sha256, or a push's temporary."""
     return bool((_OBJECT.fullmatch(name) and name.startswith(sub)) or _TMP.fullmatch(name))
-
-
-def _copy(fd: int, size: int, sink: Callable[[bytes], object]) -> int:
-    """Pass at most `size` bytes of `fd` to `sink`; returns how many of them were missing."""
-    left = size
-    while left > 0 and (block := os.read(fd, min(_CHUNK, left))):
-        sink(block)
-        left -= len(block)
-    return left
 
 
 def _unlink(name: str, dir_fd: int) -> None:

@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 from aleph.sync.index import SyncError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+CHUNK = 8 << 20
 
 
 def kind(mode: int, size: int | None = None) -> str:
@@ -103,13 +105,21 @@ class Tree:
         return fd
 
 
+def copy(read: Callable[[int], bytes], size: int, *sinks: Callable[[bytes], object]) -> int:
+    """Pass at most `size` bytes from `read(n)` to each of `sinks`, block by block; returns
+    how many of them were missing (the file ended first)."""
+    while size > 0 and (block := read(min(CHUNK, size))):
+        for sink in sinks:
+            sink(block)
+        size -= len(block)
+    return size
+
+
 def read_at_most(fd: int, n: int) -> bytes:
     """Up to `n` bytes from `fd` (a regular file: a read returns what is there)."""
-    chunks, left = [], n
-    while left > 0 and (block := os.read(fd, min(left, 8 << 20))):
-        chunks.append(block)
-        left -= len(block)
-    return b"".join(chunks)
+    blocks: list[bytes] = []
+    copy(partial(os.read, fd), n, blocks.append)
+    return b"".join(blocks)
 
 
 def open_dir_at(dir_fd: int, name: str) -> int:

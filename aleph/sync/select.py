@@ -23,6 +23,7 @@ from typing import Any
 from aleph._io import atomic_write_json, read_json
 from aleph.record import layout
 from aleph.record.layout import COMPLETE, RunLayout
+from aleph.sync.safefs import copy
 
 TOP_FILES = (layout.CONFIG, layout.MANIFEST, layout.METRICS, layout.EVAL)
 MUTABLE_TREES = (layout.LAUNCHES, layout.TB)
@@ -30,7 +31,6 @@ WEIGHTS_DIR, WEIGHTS_DONE = layout.WEIGHTS, "model_config.json"
 TOKENIZER_DIR = layout.TOKENIZER
 IN_MEMORY_MAX = 64 << 20
 """Immutable files up to this size are read into memory too (one read, no second open)."""
-_CHUNK = 8 << 20
 
 
 @dataclass
@@ -94,10 +94,8 @@ def read_item(run_dir: Path, rel: str, cache: HashCache, mutable: bool) -> Item 
 
 
 def _hash_stream(f, size: int) -> str:
-    h, left = hashlib.sha256(), size
-    while left > 0 and (block := f.read(min(_CHUNK, left))):
-        h.update(block)
-        left -= len(block)
+    h = hashlib.sha256()
+    copy(f.read, size, h.update)
     return h.hexdigest()
 
 

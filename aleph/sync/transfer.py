@@ -103,7 +103,7 @@ def push(run_dir: Path, dest: Destination, verify: bool = False) -> PushResult:
         revision = previous.revision
     else:
         revision = dest.publish(run, ix.make_index(run, step, files, now), sends, drops,
-                                previous, lambda: None, rewrite)
+                                previous, rewrite)
     result = PushResult(dest.spec, run, revision, step, len(files), len(sends),
                         sum(i.size for i in sends), time.monotonic() - t0, now,
                         sum(1 for i in sends if i.rel in bad))
@@ -120,17 +120,11 @@ def check_run_dir(run_dir: Path) -> str:
     if not run_dir.is_dir():
         raise SyncError(f"{run_dir}: no such run directory")
     run = run_path(run_dir)
-    if not any(stat.S_ISREG(_lstat_mode(run_dir / n)) for n in (layout.CONFIG, layout.MANIFEST)):
+    if not any((run_dir / n).is_file() and not (run_dir / n).is_symlink()  # lstat: a regular file
+               for n in (layout.CONFIG, layout.MANIFEST)):
         raise SyncError(f"{run_dir}: not a run directory (no config.json or manifest.json; "
                         "expected a directory `aleph train` wrote); nothing was written to it")
     return run
-
-
-def _lstat_mode(path: Path) -> int:
-    try:
-        return os.lstat(path).st_mode
-    except OSError:
-        return 0
 
 
 def _damaged(dest: Destination, run: str, snap: Snapshot) -> list[str]:
