@@ -57,7 +57,7 @@ def gather(*, work: Path | None = None, proc: Path = Path("/proc"), sys_root: Pa
             "gpu_topology": live.gpu_topology(runner) if gpu["gpus"] else None,
             "host_cpu_model": hostinfo.cpu_model(proc),
             "host_vcpus_visible": hostinfo.visible_vcpus(proc),
-            "host_ram_bytes_visible": hostinfo.mem_total_bytes(proc),
+            "host_ram_bytes_visible": hostinfo.meminfo_bytes("MemTotal", proc),
             "envelope": read_envelope(Path(cgroup_root)).as_dict(),
             "cpu_affinity": hostinfo.format_cpulist(cpus) if cpus else None,
             "numa_nodes": hostinfo.numa_nodes(cpus, sys_root) if cpus else None,

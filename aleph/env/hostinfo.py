@@ -56,10 +56,6 @@ def status_bytes(key: str, proc: Path = Path("/proc")) -> int | None:
     return _kib_entry(proc / "self" / "status", key)
 
 
-def mem_total_bytes(proc: Path = Path("/proc")) -> int | None:
-    return meminfo_bytes("MemTotal", proc)
-
-
 def container_id(proc: Path = Path("/proc")) -> str | None:
     """The 64-hex container id from mountinfo (Docker's /etc/hostname bind) or cgroup paths."""
     for name in ("self/mountinfo", "self/cgroup"):

@@ -92,7 +92,7 @@ def envelope(environment: dict[str, Any] | None = None) -> dict[str, Any]:
         "numa_nodes": hostinfo.numa_nodes(cpus) if cpus else None,
         "memory_cgroup": mem.path if mem is not None else None,
         "host_vcpus_visible": hostinfo.visible_vcpus(),
-        "host_ram_bytes_visible": hostinfo.mem_total_bytes(),
+        "host_ram_bytes_visible": hostinfo.meminfo_bytes("MemTotal"),
         "gpus": environment.get("gpus"),
         "driver": environment.get("driver"),
     }

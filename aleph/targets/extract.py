@@ -235,12 +235,9 @@ def _spawn_shards(argv: list[str], n: int) -> int:
 
 def run_extract(captions: str, out: str | os.PathLike, teachers: str,
                 opts: ExtractOptions, open_captions) -> int:
-    """The whole pass (module docstring); exit code: 0, or errors.EXIT_STOPPED (76) after
-    any number of SIGTERM/SIGINT, with one line saying which chunks were kept and the
-    command that resumes (then further signals are ignored: the process is ending).
-    `open_captions(source, column)` is the caption reader
-    (aleph.data.captions.open_captions, passed in by the CLI: targets does not import
-    data, which reads target chunks for its alignment check)."""
+    """The whole pass (module docstring); exit code 0, or 76 after a stop. `open_captions`
+    is aleph.data.captions.open_captions, passed in by the CLI: targets does not import
+    data, which reads target chunks for its alignment check."""
     where: dict = {"phase": "setup"}
     out = Path(out).absolute()
     return run_until_stop(  # partial chunks never count
