@@ -22,13 +22,9 @@ from aleph.env.render import render_markdown
 from aleph.errors import ConfigError
 
 SCHEMA = "aleph-env-capture/1"
-# Seed-table package rows: label -> distribution name.
-PACKAGE_ROWS = {
-    "transformers": "transformers", "tokenizers": "tokenizers",
-    "huggingface_hub": "huggingface-hub", "datasets": "datasets", "safetensors": "safetensors",
-    "numpy": "numpy", "tensorboard": "tensorboard", "torchvision": "torchvision",
-    "torchaudio": "torchaudio",
-}
+# Seed-table package rows, by distribution name (the row's label is the import name).
+PACKAGE_ROWS = ("transformers", "tokenizers", "huggingface-hub", "datasets", "safetensors",
+                "numpy", "tensorboard", "torchvision", "torchaudio")
 
 
 def gather(*, work: Path | None = None, proc: Path = Path("/proc"), sys_root: Path = Path("/sys"),
@@ -47,7 +43,7 @@ def gather(*, work: Path | None = None, proc: Path = Path("/proc"), sys_root: Pa
         "schema": SCHEMA,
         "captured_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "software": {**runtime,
-                     "packages": {label: packages.get(d) for label, d in PACKAGE_ROWS.items()},
+                     "packages": {d.replace("-", "_"): packages.get(d) for d in PACKAGE_ROWS},
                      "driver": gpu["driver"], "os": hostinfo.os_release(etc),
                      "kernel": hostinfo.kernel_release(proc) or platform.release()},
         "freeze": freeze_lines(packages),
