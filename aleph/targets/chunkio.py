@@ -16,6 +16,7 @@ import os
 import stat
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -104,10 +105,7 @@ class ChunkWriter:
         """Drop the unfinished chunk: its partial file (this writer's own) is removed; a
         chunk `commit` already renamed into place stays (it is complete)."""
         self.__dict__.pop("_mm", None)  # commit may have unmapped it already
-        try:
-            os.unlink(self.partial)
-        except FileNotFoundError:
-            pass
+        Path(self.partial).unlink(missing_ok=True)
 
     def commit(self) -> None:
         """fsync the rows and rename the chunk into place (then fsync the directory)."""
