@@ -283,12 +283,8 @@ class CaptionSource:
 
 def open_captions(source: str | os.PathLike | CaptionSource, column: str = "caption",
                   split: str = "train", cache_dir: str | os.PathLike | None = None) -> CaptionSource:
-    """A `CaptionSource` for `source` (checked now: existence, type, parquet column).
-
-    A file reads its `column` field (.txt: one caption per line); a directory is its shards
-    in name order (`readers.shard_files`); anything else that is not an existing path is a
-    Hugging Face dataset id, loaded when first read (cached under `cache_dir`, default
-    <work root>/cache/hf)."""
+    """A `CaptionSource` for `source` (checked now: existence, type, parquet column); a hub
+    dataset id is loaded when first read, cached under `cache_dir` (<work root>/cache/hf)."""
     if isinstance(source, CaptionSource):
         return source
     return CaptionSource(source, column, split, cache_dir)
