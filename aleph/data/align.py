@@ -131,7 +131,7 @@ def take_captions(src: CaptionSource, idx: np.ndarray) -> list[str]:
 
 def take_targets(paths: Sequence[str], idx: np.ndarray) -> torch.Tensor:
     """Target rows at sorted indices `idx` of the chunk files `paths`, in their own dtype."""
-    from aleph.targets.format import DTYPES
+    from aleph.targets.format import tensor_view
     from aleph.targets.sources import describe_sources, open_chunk
 
     parts, start = [], 0
@@ -139,9 +139,7 @@ def take_targets(paths: Sequence[str], idx: np.ndarray) -> torch.Tensor:
         local = idx[(idx >= start) & (idx < start + info.rows)] - start
         if local.size:
             with open_chunk(info) as arr:  # (rows, dim) raw bits, mapped
-                raw = np.ascontiguousarray(arr[local])  # (k, dim)
-            torch_dtype, size = DTYPES[info.dtype][0], DTYPES[info.dtype][1]
-            parts.append(torch.from_numpy(raw.view(_signed(size))).view(torch_dtype))  # (k, D)
+                parts.append(tensor_view(np.ascontiguousarray(arr[local]), info.dtype))  # (k, D)
         start += info.rows
     return torch.cat(parts)
 
@@ -183,10 +181,6 @@ def target_files(path: str) -> list[str]:
         raise DataError(f"--targets {path} is {file_kind(mode)}; expected a chunk file (a "
                         "regular file) or a directory of chunk files")
     return [path]
-
-
-def _signed(size: int) -> np.dtype:
-    return np.dtype({2: np.int16, 4: np.int32}[size])
 
 
 def features(token_ids: Sequence[Sequence[int]], dim: int = FEATURE_DIM) -> torch.Tensor:

@@ -107,7 +107,8 @@ class CaptionSource:
             yield from _rebatch(itertools.chain.from_iterable(s.batches(rows) for s in self.shards),
                                 rows)
         elif self.kind == "txt":
-            yield from _rebatch(self._text_blocks(), rows)
+            yield from _rebatch((self._decode_lines(data, n) for data, n in self._line_blocks()),
+                                rows)
         elif self.kind == "jsonl":
             yield from _rebatch(self._jsonl_lines(), rows)
         elif self.kind == "json":
@@ -192,14 +193,10 @@ class CaptionSource:
         if carry:
             yield carry, line_no
 
-    def _text_blocks(self) -> Iterator[list[str]]:
-        """Lines of a text file, split on \\n only (a caption may hold U+2028 and the others
-        str.splitlines splits on), a trailing \\r dropped."""
-        for data, line_no in self._line_blocks():
-            yield self._decode_lines(data, line_no)
-
     def _decode_lines(self, data: bytes, first_line: int) -> list[str]:
-        """Text lines of `data` (UTF-8 only: a NUL byte, as UTF-16 text has, is refused)."""
+        """Text lines of `data`, split on \\n only (a caption may hold U+2028 and the others
+        str.splitlines splits on), a trailing \\r dropped; UTF-8 only (a NUL byte, as UTF-16
+        text has, is refused)."""
         nul = data.find(b"\0")
         if nul >= 0:
             line = first_line + data.count(b"\n", 0, nul)
@@ -286,12 +283,8 @@ class CaptionSource:
 
 def open_captions(source: str | os.PathLike | CaptionSource, column: str = "caption",
                   split: str = "train", cache_dir: str | os.PathLike | None = None) -> CaptionSource:
-    """A `CaptionSource` for `source` (checked now: existence, type, parquet column).
-
-    A file reads its `column` field (.txt: one caption per line); a directory is its shards
-    in name order (`readers.shard_files`); anything else that is not an existing path is a
-    Hugging Face dataset id, loaded when first read (cached under `cache_dir`, default
-    <work root>/cache/hf)."""
+    """A `CaptionSource` for `source` (checked now: existence, type, parquet column); a hub
+    dataset id is loaded when first read, cached under `cache_dir` (<work root>/cache/hf)."""
     if isinstance(source, CaptionSource):
         return source
     return CaptionSource(source, column, split, cache_dir)

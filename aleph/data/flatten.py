@@ -99,7 +99,7 @@ def parse_fields(text: str) -> list[str]:
 class _Writer:
     """Rows into a parquet file under a temporary name; `publish` renames it to `out`."""
 
-    def __init__(self, out: Path, meta: dict) -> None:
+    def __init__(self, out: Path) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -109,7 +109,6 @@ class _Writer:
         fd, self.tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
         os.close(fd)
         self.writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd")
-        self.meta = meta
         self.cols: tuple[list, list, list] = ([], [], [])
 
     def flush(self) -> None:
@@ -184,7 +183,7 @@ def flatten_captions(source: str | os.PathLike, fields: Sequence[str], out: str 
     res = FlattenResult(str(out), 0, 0, {f: 0 for f in fields},
                         {f: {"missing": 0, "not_string": 0, "empty": 0, "short": 0}
                          for f in fields})
-    w = _Writer(out, {})
+    w = _Writer(out)
     try:
         passes = [fields] if order == "record" else [[f] for f in fields]
         for i, pass_fields in enumerate(passes):

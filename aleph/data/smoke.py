@@ -68,12 +68,6 @@ def generate(rows: int, seed: int) -> tuple[list[str], np.ndarray]:
     return captions, targets
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    buf = io.BytesIO()
-    torch.save(t, buf)
-    return buf.getvalue()
-
-
 def _manifest_ok(root: Path, rows: int, seed: int) -> bool:
     try:
         man = read_json(root / "smoke.json") if (root / "smoke.json").is_file() else None
@@ -166,7 +160,9 @@ def _write(root: Path, rows: int, seed: int) -> None:
     chunk_rows = []
     for i, start in enumerate(range(0, rows, CHUNK_ROWS)):
         block = torch.from_numpy(targets[start:start + CHUNK_ROWS].copy())  # (N_i, 768) fp16
-        atomic_write_bytes(root / f"targets/chunk-{i:03d}.pt", _tensor_bytes(block))
+        buf = io.BytesIO()
+        torch.save(block, buf)
+        atomic_write_bytes(root / f"targets/chunk-{i:03d}.pt", buf.getvalue())
         chunk_rows.append(int(block.shape[0]))
     train_wordpiece(captions, root / "tokenizer")
     rels = ["captions.txt"] + [f"targets/chunk-{i:03d}.pt" for i in range(len(chunk_rows))]

@@ -99,11 +99,9 @@ def tokenizer_threads(cgroup_root: str | os.PathLike | None = None) -> int:
     """Threads the tokenizers library should use: the CPUs this process may run on, capped
     by the cgroup CPU quota rounded down (17 for the seed's 17.85), at least 1."""
     from aleph.env.cgroup import DEFAULT_ROOT, read_envelope
+    from aleph.env.hostinfo import affinity
 
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
+    n = len(affinity() or ()) or os.cpu_count() or 1
     cores = read_envelope(cgroup_root if cgroup_root is not None else DEFAULT_ROOT).cpu_cores
     if cores is not None:
         n = min(n, max(1, int(cores)))

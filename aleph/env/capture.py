@@ -22,27 +22,9 @@ from aleph.env.render import render_markdown
 from aleph.errors import ConfigError
 
 SCHEMA = "aleph-env-capture/1"
-# Seed-table package rows: label -> distribution name.
-PACKAGE_ROWS = {
-    "transformers": "transformers", "tokenizers": "tokenizers",
-    "huggingface_hub": "huggingface-hub", "datasets": "datasets", "safetensors": "safetensors",
-    "numpy": "numpy", "tensorboard": "tensorboard", "torchvision": "torchvision",
-    "torchaudio": "torchaudio",
-}
-
-
-def _envelope(cgroup_root: Path) -> dict:
-    env = read_envelope(cgroup_root)
-    return {"cgroup_version": env.version, "memory_limit_bytes": env.memory_limit_bytes,
-            "cpu_quota_us": env.cpu_quota_us, "cpu_period_us": env.cpu_period_us,
-            "cpu_cores": env.cpu_cores, "cpuset": env.cpuset}
-
-
-def _software(runtime: dict, packages: dict[str, str], gpu: dict, etc: Path, proc: Path) -> dict:
-    return {**runtime,
-            "packages": {label: packages.get(dist) for label, dist in PACKAGE_ROWS.items()},
-            "driver": gpu["driver"], "os": hostinfo.os_release(etc),
-            "kernel": hostinfo.kernel_release(proc) or platform.release()}
+# Seed-table package rows, by distribution name (the row's label is the import name).
+PACKAGE_ROWS = ("transformers", "tokenizers", "huggingface-hub", "datasets", "safetensors",
+                "numpy", "tensorboard", "torchvision", "torchaudio")
 
 
 def gather(*, work: Path | None = None, proc: Path = Path("/proc"), sys_root: Path = Path("/sys"),
@@ -56,12 +38,14 @@ def gather(*, work: Path | None = None, proc: Path = Path("/proc"), sys_root: Pa
     packages = comparable(packages if packages is not None else installed_packages(), {})
     cpus = cpu_affinity if cpu_affinity is not None else hostinfo.affinity()
     gpu = live.gpu_facts(runner)
-    cid = hostinfo.container_id(proc)
     now = now or dt.datetime.now(dt.UTC)
     return {
         "schema": SCHEMA,
         "captured_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "software": _software(runtime, packages, gpu, etc, proc),
+        "software": {**runtime,
+                     "packages": {d.replace("-", "_"): packages.get(d) for d in PACKAGE_ROWS},
+                     "driver": gpu["driver"], "os": hostinfo.os_release(etc),
+                     "kernel": hostinfo.kernel_release(proc) or platform.release()},
         "freeze": freeze_lines(packages),
         "freeze_sha256": freeze_sha256(packages),
         "hardware": {
@@ -69,11 +53,11 @@ def gather(*, work: Path | None = None, proc: Path = Path("/proc"), sys_root: Pa
             "gpu_topology": live.gpu_topology(runner) if gpu["gpus"] else None,
             "host_cpu_model": hostinfo.cpu_model(proc),
             "host_vcpus_visible": hostinfo.visible_vcpus(proc),
-            "host_ram_bytes_visible": hostinfo.mem_total_bytes(proc),
-            "envelope": _envelope(Path(cgroup_root)),
+            "host_ram_bytes_visible": hostinfo.meminfo_bytes("MemTotal", proc),
+            "envelope": read_envelope(Path(cgroup_root)).as_dict(),
             "cpu_affinity": hostinfo.format_cpulist(cpus) if cpus else None,
             "numa_nodes": hostinfo.numa_nodes(cpus, sys_root) if cpus else None,
-            "container_id": cid,
+            "container_id": hostinfo.container_id(proc),
             "storage": {"root": hostinfo.storage("/", proc),
                         "work_root": hostinfo.storage(work, proc)},
         },

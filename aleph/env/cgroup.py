@@ -33,6 +33,12 @@ class Envelope:
         quota, period = self.cpu_quota_us, self.cpu_period_us
         return None if quota is None or not period else quota / period
 
+    def as_dict(self) -> dict:
+        """The envelope fields of an env capture and of a launch's manifest entry."""
+        return {"cgroup_version": self.version, "memory_limit_bytes": self.memory_limit_bytes,
+                "cpu_quota_us": self.cpu_quota_us, "cpu_period_us": self.cpu_period_us,
+                "cpu_cores": self.cpu_cores, "cpuset": self.cpuset}
+
 
 def _read(path: Path) -> str | None:
     try:

@@ -78,11 +78,6 @@ def load_pins(root: str | Path = REPO_ROOT) -> Pins:
     return Pins(image, host, cpu)
 
 
-def _fact_drifts(facts: dict, expected: dict[str, str]) -> list[Drift]:
-    found = {k: None if facts.get(k) is None else str(facts[k]) for k in expected}
-    return [Drift("fact", k, exp, found[k]) for k, exp in expected.items() if found[k] != exp]
-
-
 def _package_drifts(installed: dict[str, str], expected: dict[str, str]) -> list[Drift]:
     return [Drift("package", n, e, f) for n, e, f in diff_packages(installed, expected)]
 
@@ -90,7 +85,9 @@ def _package_drifts(installed: dict[str, str], expected: dict[str, str]) -> list
 def image_drifts(installed: dict[str, str], facts: dict, pins: Pins) -> list[Drift]:
     """Every difference from pip_freeze.txt and the seed table, deduplicated, in order."""
     seed_live = {n: installed.get(n) for n in SEED_PACKAGES}
-    drifts = _fact_drifts(facts, SEED_FACTS) + _package_drifts(installed, pins.image)
+    found = {k: None if facts.get(k) is None else str(facts[k]) for k in SEED_FACTS}
+    drifts = [Drift("fact", k, v, found[k]) for k, v in SEED_FACTS.items() if found[k] != v]
+    drifts += _package_drifts(installed, pins.image)
     # Seed rows also catch a freeze that was edited to agree with a drifted image.
     drifts += [Drift("package", n, v, seed_live[n])
                for n, v in SEED_PACKAGES.items() if seed_live[n] != v]

@@ -38,17 +38,22 @@ def visible_vcpus(proc: Path = Path("/proc")) -> int | None:
         line.split(":")[0].strip() == "processor" for line in text.splitlines())
 
 
-def meminfo_bytes(key: str, proc: Path = Path("/proc")) -> int | None:
-    """One meminfo entry (`MemTotal`, `MemAvailable`, ...) in bytes (the kernel reports
-    kB = KiB); None where meminfo or the entry is absent."""
-    for line in (_read(proc / "meminfo") or "").splitlines():
+def _kib_entry(path: Path, key: str) -> int | None:
+    """`key:  N kB` of a /proc file in bytes (the kernel's kB are KiB); None where absent."""
+    for line in (_read(path) or "").splitlines():
         if line.startswith(f"{key}:"):
             return int(line.split()[1]) * 1024
     return None
 
 
-def mem_total_bytes(proc: Path = Path("/proc")) -> int | None:
-    return meminfo_bytes("MemTotal", proc)
+def meminfo_bytes(key: str, proc: Path = Path("/proc")) -> int | None:
+    """One meminfo entry (`MemTotal`, `MemAvailable`, ...) in bytes, or None."""
+    return _kib_entry(proc / "meminfo", key)
+
+
+def status_bytes(key: str, proc: Path = Path("/proc")) -> int | None:
+    """One entry of this process's status (`VmRSS`, `VmHWM`, `VmSize`) in bytes, or None."""
+    return _kib_entry(proc / "self" / "status", key)
 
 
 def container_id(proc: Path = Path("/proc")) -> str | None:

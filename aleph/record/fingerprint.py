@@ -57,7 +57,7 @@ class Scopes:
             nodes = self._nodes.get(name)
             if nodes is None:
                 return None
-            parts = [_hash_scope(n) for n in nodes]
+            parts = [hashlib.sha256(_dump(n, n).encode()).hexdigest() for n in nodes]
             self._hashes[name] = parts[0] if len(parts) == 1 else hashlib.sha256(
                 "".join(parts).encode()).hexdigest()
         return self._hashes[name]
@@ -106,10 +106,6 @@ def _dump(node: ast.AST, root: ast.AST) -> str:
         else:
             parts.append(f"{name}={value!r}")
     return "(" + " ".join(parts) + ")"
-
-
-def _hash_scope(node: ast.AST) -> str:
-    return hashlib.sha256(_dump(node, node).encode()).hexdigest()
 
 
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")

@@ -19,24 +19,10 @@ from typing import Any
 
 from aleph._io import atomic_write_json, read_json
 from aleph.env.cgroup import memory_at, read_memory
+from aleph.env.hostinfo import status_bytes
 from aleph.record.layout import RunLayout
 
 NEAR_LIMIT = 0.98  # a working set within 2% of the limit counts as at the limit
-
-
-def process_memory(status: Path = Path("/proc/self/status")) -> tuple[int | None, int | None]:
-    """(RSS, peak RSS) of this process in bytes, from /proc/self/status (None elsewhere)."""
-    try:
-        text = status.read_text()
-    except OSError:
-        return None, None
-    found = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        parts = value.split()
-        if key in ("VmRSS", "VmHWM") and parts and parts[0].isdigit():
-            found[key] = int(parts[0]) * 1024  # reported in kB
-    return found.get("VmRSS"), found.get("VmHWM")
 
 
 class LaunchMonitor:
@@ -55,12 +41,11 @@ class LaunchMonitor:
         self.last: dict[str, Any] | None = None
 
     def snapshot(self) -> dict[str, Any]:
-        rss, hwm = process_memory()
         mem = read_memory()
         return {"launch_id": self.launch_id, "pid": os.getpid(), "time": time.time(),
                 "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "phase": self.phase, "step_from": self.step_from, "step": self.step,
-                "rss_bytes": rss, "peak_rss_bytes": hwm,
+                "rss_bytes": status_bytes("VmRSS"), "peak_rss_bytes": status_bytes("VmHWM"),
                 "cgroup": mem.as_dict() if mem is not None else None}
 
     def beat(self) -> None:

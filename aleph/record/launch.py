@@ -38,13 +38,6 @@ NUMERIC_CONFIG_FIELDS = {"num_threads": "num_threads", "device": "device", "bf16
                          "deterministic": "deterministic", "compile": "compile"}
 
 
-def derive_action(entry: dict) -> str:
-    """The recorded action; a launch that has none yet (running, or lost before its first
-    heartbeat) is of unknown effect and counts as one that trained."""
-    action = entry.get("action")
-    return action if action in ACTIONS else TRAINED
-
-
 def choose_action(step_from: int | None, step_to: int | None, status: str, note: str,
                   refused: bool) -> str:
     """The action of a launch from what it reached (written by the trainer at its end)."""
@@ -121,8 +114,11 @@ def read_launches(manifest: dict) -> list[LaunchRecord]:
         code, env, envelope, execution = (
             e.get(k) if isinstance(e.get(k), dict) else None
             for k in ("code", "environment", "envelope", "execution"))
-        out.append(LaunchRecord(i, e, derive_action(e), steps, effective, code or {}, env,
-                                envelope, execution))
+        # no action yet (running, or lost before its first heartbeat): of unknown effect,
+        # so it counts as one that trained
+        action = e.get("action") if e.get("action") in ACTIONS else TRAINED
+        out.append(LaunchRecord(i, e, action, steps, effective, code or {}, env, envelope,
+                                execution))
     return out
 
 

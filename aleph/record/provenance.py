@@ -86,17 +86,13 @@ def envelope(environment: dict[str, Any] | None = None) -> dict[str, Any]:
     env, cpus, mem = read_envelope(), hostinfo.affinity(), read_memory()
     environment = environment or {}
     return {
-        "cgroup_version": env.version,
+        **env.as_dict(),
         "memory_limit_bytes": mem.limit_bytes if mem is not None else env.memory_limit_bytes,
-        "cpu_quota_us": env.cpu_quota_us,
-        "cpu_period_us": env.cpu_period_us,
-        "cpu_cores": env.cpu_cores,
-        "cpuset": env.cpuset,
         "cpu_affinity": hostinfo.format_cpulist(cpus) if cpus else None,
         "numa_nodes": hostinfo.numa_nodes(cpus) if cpus else None,
         "memory_cgroup": mem.path if mem is not None else None,
         "host_vcpus_visible": hostinfo.visible_vcpus(),
-        "host_ram_bytes_visible": hostinfo.mem_total_bytes(),
+        "host_ram_bytes_visible": hostinfo.meminfo_bytes("MemTotal"),
         "gpus": environment.get("gpus"),
         "driver": environment.get("driver"),
     }

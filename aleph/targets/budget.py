@@ -11,22 +11,10 @@ is allocated.
 from __future__ import annotations
 
 import resource
-from pathlib import Path
 
 from aleph.env.cgroup import format_bytes, read_memory
-from aleph.env.hostinfo import meminfo_bytes
+from aleph.env.hostinfo import meminfo_bytes, status_bytes
 from aleph.errors import QuotaError
-
-
-def _vm_size(proc: Path = Path("/proc")) -> int | None:
-    try:
-        with open(proc / "self" / "status") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def memory_budget(device: str = "cpu") -> tuple[int | None, str]:
@@ -45,7 +33,7 @@ def memory_budget(device: str = "cpu") -> tuple[int | None, str]:
         figures.append((max(mem.limit_bytes - mem.usage_bytes, 0),
                         "the memory cgroup's limit less its usage"))
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    size = _vm_size()
+    size = status_bytes("VmSize")
     if soft != resource.RLIM_INFINITY and size is not None:
         figures.append((max(soft - size, 0), "RLIMIT_AS less the address space in use"))
     if not figures:

@@ -41,15 +41,6 @@ def cached_store(store_dir: str | os.PathLike, fingerprint: str,
     return TargetStore(Path(store_dir), manifest, implementation)
 
 
-def _check_options(implementation: str, nonfinite: str, flush_bytes: int) -> None:
-    if implementation not in IMPLEMENTATIONS:
-        raise ConfigError(f"implementation {implementation!r}: expected one of {IMPLEMENTATIONS}")
-    if nonfinite not in NONFINITE_MODES:
-        raise ConfigError(f"nonfinite {nonfinite!r}: expected one of {NONFINITE_MODES}")
-    if flush_bytes <= 0:
-        raise ConfigError(f"flush_bytes {flush_bytes}: expected a positive byte count")
-
-
 def _checked_hit(hit: TargetStore | None, nonfinite: str) -> TargetStore | None:
     """A cache hit, refused in "fail" mode when its build recorded NaN/Inf rows (the mode
     applies to the store used, not only to a store built now)."""
@@ -72,7 +63,12 @@ def build_store(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike
     "fail" refuses them. A concurrent builder of the same `out_dir` is waited for up
     to `lock_timeout_s`. An interrupted streaming build is resumed.
     """
-    _check_options(implementation, nonfinite, flush_bytes)
+    if implementation not in IMPLEMENTATIONS:
+        raise ConfigError(f"implementation {implementation!r}: expected one of {IMPLEMENTATIONS}")
+    if nonfinite not in NONFINITE_MODES:
+        raise ConfigError(f"nonfinite {nonfinite!r}: expected one of {NONFINITE_MODES}")
+    if flush_bytes <= 0:
+        raise ConfigError(f"flush_bytes {flush_bytes}: expected a positive byte count")
     out_dir = Path(out_dir)
     fingerprint = source_fingerprint(source_stats(sources))
     hit = _checked_hit(cached_store(out_dir, fingerprint, implementation), nonfinite)

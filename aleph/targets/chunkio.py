@@ -16,6 +16,7 @@ import os
 import stat
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -67,11 +68,6 @@ def take_rows(info: ChunkInfo, index: np.ndarray) -> torch.Tensor:
         return _as_float32(raw[index], info.dtype)
 
 
-def partial_path(path: str) -> str:
-    head, name = os.path.split(path)
-    return os.path.join(head, f".{name}.partial")
-
-
 def _safetensors_header(rows: int, dim: int) -> bytes:
     meta = {_ST_KEY: {"dtype": "F16", "shape": [rows, dim], "data_offsets": [0, rows * dim * 2]}}
     text = json.dumps(meta, separators=(",", ":")).encode()
@@ -87,7 +83,8 @@ class ChunkWriter:
         self.suffix = os.path.splitext(path)[1]
         if self.suffix not in SUFFIXES:
             raise StoreError(f"{path}: unknown chunk type {self.suffix!r} (expected one of {SUFFIXES})")
-        self.partial = partial_path(path)
+        head, name = os.path.split(path)
+        self.partial = os.path.join(head, f".{name}.partial")
         if self.suffix == ".npy":
             self._mm = np.lib.format.open_memmap(self.partial, mode="w+", dtype="<f2",
                                                  shape=(rows, dim))
@@ -100,22 +97,15 @@ class ChunkWriter:
         self._mm = np.memmap(self.partial, dtype="<f2", mode="r+", offset=len(head),
                              shape=(rows, dim))
 
-    def write(self, start: int, block: torch.Tensor) -> None:
-        """Rows start..start+len(block) from a (n, dim) tensor, cast to fp16."""
-        self._mm[start:start + block.shape[0]] = block.to(torch.float16).cpu().numpy()
-
-    def write_rows(self, index, block: torch.Tensor) -> None:
-        """Rows at positions `index` (a list or array, len n) from a (n, dim) tensor."""
-        self._mm[index] = block.to(torch.float16).cpu().numpy()
+    def write(self, rows, block: torch.Tensor) -> None:
+        """Rows `rows` (a slice, list or array of n positions) from a (n, dim) tensor, as fp16."""
+        self._mm[rows] = block.to(torch.float16).cpu().numpy()
 
     def discard(self) -> None:
         """Drop the unfinished chunk: its partial file (this writer's own) is removed; a
         chunk `commit` already renamed into place stays (it is complete)."""
         self.__dict__.pop("_mm", None)  # commit may have unmapped it already
-        try:
-            os.unlink(self.partial)
-        except FileNotFoundError:
-            pass
+        Path(self.partial).unlink(missing_ok=True)
 
     def commit(self) -> None:
         """fsync the rows and rename the chunk into place (then fsync the directory)."""

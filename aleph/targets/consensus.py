@@ -174,7 +174,7 @@ def apply_chunk(inp: Inputs, c: int, maps: torch.Tensor, bias: torch.Tensor, out
                 require_finite(t[c], b, range(start, start + b.shape[0]))
             x = torch.cat([b for _, b in parts], dim=1).to(maps.device)  # (n, kD)
             y = torch.nn.functional.normalize(x @ maps + bias, dim=1)  # (n, D), fp32 then fp16
-            writer.write(start, y)
+            writer.write(slice(start, start + y.shape[0]), y)
             fault_point("consensus-block", c)
     except (StoreError, StopRequested):
         writer.discard()  # no chunk with a NaN row is ever published, nor a stopped one
@@ -198,12 +198,6 @@ def read_record(path: Path, fields: dict[str, type]) -> dict:
         return read_json_record(path, _RECORD_MAX, fields)
     except ValueError as e:
         raise StoreError(f"{path}: {e}; choose a new --out (nothing was changed)") from None
-
-
-def _state_key(inp: Inputs, fit_rows: int, whiten: str, tol: float, max_iter: int) -> str:
-    stats = [[(i.path, i.file_size, i.mtime_ns) for i in t] for t in inp.chunks]
-    return sha256_json({"kind": "consensus-v1", "inputs": stats, "fit_rows": fit_rows,
-                        "whiten": whiten, "tol": tol, "max_iter": max_iter})
 
 
 def _open_out(out: Path, key: str) -> dict | None:
@@ -233,7 +227,9 @@ def run_consensus(teacher_dirs: list[str], out: str | os.PathLike,
     inp = check_inputs(teacher_dirs)
     out = Path(out).absolute()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    key = _state_key(inp, fit_rows, whiten, tol, max_iter)
+    stats = [[(i.path, i.file_size, i.mtime_ns) for i in t] for t in inp.chunks]
+    key = sha256_json({"kind": "consensus-v1", "inputs": stats, "fit_rows": fit_rows,
+                       "whiten": whiten, "tol": tol, "max_iter": max_iter})
     result_path = out / RESULT_FILE
     if result_path.is_file() and (done := read_record(result_path, _RESULT_FIELDS))["key"] == key:
         _say(f"{out}: already complete")

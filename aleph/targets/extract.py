@@ -123,22 +123,6 @@ def resolve(spec: TeacherSpec, known_types: set[str]) -> tuple[str, dict, dict]:
     return path, {"name": spec.name, "local": False, "revision": commit}, checked.config
 
 
-def known_model_types() -> set[str]:
-    """The model types the installed transformers has a configuration class for."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    return set(CONFIG_MAPPING_NAMES)
-
-
-def require_teacher_env() -> None:
-    """ConfigError (one line) unless transformers' model code imports here (checked before
-    anything is written: the E1 image's transformers 5.x fails on torch 2.4.1)."""
-    try:
-        import transformers.modeling_utils  # noqa: F401  (the module every model class needs)
-    except ImportError as e:
-        raise ConfigError(NOT_TEACHER_ENV.format(why=str(e).splitlines()[0])) from None
-
-
 def _load(path: str, config: dict, device: torch.device):
     """(tokenizer, model) of a checked local model directory (`config`: its config.json),
     the model in eval mode on `device`; never runs code of the directory."""
@@ -173,7 +157,7 @@ def encode_chunk(tok, model, texts: list[str], opts: ExtractOptions, writer: Chu
     try:
         for s in range(0, len(order), opts.batch_size):
             idx = sorted(order[s:s + opts.batch_size])  # ascending rows: a sequential-ish write
-            writer.write_rows(idx, encode(tok, model, [texts[i] for i in idx], opts.max_length))
+            writer.write(idx, encode(tok, model, [texts[i] for i in idx], opts.max_length))
             progress(len(idx))
             fault_point("extract-batch", chunk)
         writer.commit()
@@ -251,12 +235,9 @@ def _spawn_shards(argv: list[str], n: int) -> int:
 
 def run_extract(captions: str, out: str | os.PathLike, teachers: str,
                 opts: ExtractOptions, open_captions) -> int:
-    """The whole pass (module docstring); exit code: 0, or errors.EXIT_STOPPED (76) after
-    any number of SIGTERM/SIGINT, with one line saying which chunks were kept and the
-    command that resumes (then further signals are ignored: the process is ending).
-    `open_captions(source, column)` is the caption reader
-    (aleph.data.captions.open_captions, passed in by the CLI: targets does not import
-    data, which reads target chunks for its alignment check)."""
+    """The whole pass (module docstring); exit code 0, or 76 after a stop. `open_captions`
+    is aleph.data.captions.open_captions, passed in by the CLI: targets does not import
+    data, which reads target chunks for its alignment check."""
     where: dict = {"phase": "setup"}
     out = Path(out).absolute()
     return run_until_stop(  # partial chunks never count
@@ -290,13 +271,18 @@ def _extract(captions: str, out: Path, teachers: str, opts: ExtractOptions, open
     if shards > 1 and opts.consensus_out:
         raise ConfigError("--consensus-out: not with --shard; run `aleph targets consensus` as "
                           "its own step once every shard has finished")
-    require_teacher_env()
+    try:  # before anything is written: the E1 image's transformers 5.x fails on torch 2.4.1
+        import transformers.modeling_utils  # noqa: F401  (the module every model class needs)
+    except ImportError as e:
+        raise ConfigError(NOT_TEACHER_ENV.format(why=str(e).splitlines()[0])) from None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
     src = open_captions(captions, opts.column)
     rows = src.count_rows()
     if rows == 0:
         raise StoreError(f"captions {captions}: no rows")
     specs = parse_teachers(teachers)
-    known = known_model_types()
+    known = set(CONFIG_MAPPING_NAMES)  # the model types this transformers can configure
     resolved = [resolve(s, known) for s in specs]  # every directory checked before any loads
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     plan = _plan(captions, rows, [r for _, r, _ in resolved], opts, device)

@@ -44,11 +44,6 @@ def read_plan(path: Path) -> dict:
         raise StoreError(f"{path}: {e}; use a new --out") from None
 
 
-def _is_plan_temp(name: str) -> bool:
-    """Another shard's plan on its way in (atomic_write_bytes' temporary name)."""
-    return name.startswith(f".{PLAN_FILE}.") and name.endswith(".tmp")
-
-
 def publish_plan(out: Path, plan: dict) -> bool:
     """Write the plan into OUT unless a shard already did (True when this call wrote it);
     an existing plan must equal `plan`. Refuses an OUT that holds anything else."""
@@ -56,7 +51,9 @@ def publish_plan(out: Path, plan: dict) -> bool:
     if out.exists() and not out.is_dir():
         raise StoreError(f"{out}: exists and is not a directory; choose a new --out")
     if not os.path.lexists(path):
-        stray = sorted(n for n in os.listdir(out) if not _is_plan_temp(n)) if out.exists() else []
+        # another shard's plan on its way in (atomic_write_bytes' temporary name) is no stray
+        stray = sorted(n for n in os.listdir(out) if not (
+            n.startswith(f".{PLAN_FILE}.") and n.endswith(".tmp"))) if out.exists() else []
         if stray and not os.path.lexists(path):  # re-read: a shard may have just published it
             raise StoreError(f"{out}: not empty ({stray[0]}) and holds no {PLAN_FILE}; choose "
                              "a new --out")
@@ -73,11 +70,6 @@ def publish_plan(out: Path, plan: dict) -> bool:
         raise StoreError(f"{path}: the run in {out} used other inputs or options "
                          f"({', '.join(diff)} differ); use a new --out or the same ones")
     return False
-
-
-def plan_slugs(plan: dict) -> list[str]:
-    """The teachers' directory names, in plan order."""
-    return [TeacherSpec(t["name"], None, bool(t.get("local"))).slug for t in plan["teachers"]]
 
 
 def missing_chunks(out: Path, plan: dict, slug: str, chunks=None) -> list[Path]:
@@ -97,7 +89,9 @@ def require_extracted(teacher_dirs: list[str]) -> None:
             continue
         plan = read_plan(path)
         try:
-            slugs, total = plan_slugs(plan), n_chunks(plan)
+            slugs = [TeacherSpec(t["name"], None, bool(t.get("local"))).slug
+                     for t in plan["teachers"]]
+            total = n_chunks(plan)
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             raise StoreError(f"{path}: not an extraction plan (rows, chunk_rows, teachers "
                              "expected); use a new --out") from None

@@ -45,15 +45,6 @@ def tensor_view(raw: np.ndarray, dtype: str) -> torch.Tensor:
     return torch.from_numpy(raw.view(f"<i{raw.itemsize}")).view(DTYPES[dtype][0])
 
 
-def dtype_entry(name: str, where: str) -> tuple[torch.dtype, int, np.dtype, int]:
-    """Look up a dtype name; `where` names the file or field for the error."""
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise StoreError(f"{where}: dtype {name!r} is not supported (expected one of "
-                         f"{sorted(DTYPES)})") from None
-
-
 def torch_dtype_name(dtype: torch.dtype) -> str | None:
     return next((name for name, entry in DTYPES.items() if entry[0] == dtype), None)
 
@@ -78,7 +69,10 @@ def check_manifest(m: object, where: str) -> dict:
     if m["format"] != FORMAT_NAME or m["format_version"] != FORMAT_VERSION:
         raise StoreError(f"{where}: format {m['format']!r} v{m['format_version']}, this code "
                          f"reads {FORMAT_NAME!r} v{FORMAT_VERSION}; rebuild the store")
-    itemsize = dtype_entry(m["dtype"], f"{where} field 'dtype'")[1]
+    if m["dtype"] not in DTYPES:
+        raise StoreError(f"{where} field 'dtype': dtype {m['dtype']!r} is not supported "
+                         f"(expected one of {sorted(DTYPES)})")
+    itemsize = DTYPES[m["dtype"]][1]
     want = m["rows"] * m["dim"] * itemsize
     if m["byte_length"] != want or m["rows"] <= 0 or m["dim"] <= 0:
         raise StoreError(f"{where}: byte_length {m['byte_length']:,} does not equal rows "

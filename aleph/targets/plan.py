@@ -64,12 +64,6 @@ class Plan:
         return "\n".join(lines)
 
 
-def _predict(infos: Sequence[ChunkInfo], flush_bytes: int) -> dict[str, int]:
-    total = sum(i.nbytes for i in infos)
-    largest = max(i.nbytes for i in infos)
-    return {"streaming": largest + min(flush_bytes, largest), "in_ram": 2 * total}
-
-
 def plan(sources: Sequence[str | os.PathLike | ChunkInfo], quota_bytes: int | None = None,
          headroom_bytes: int = DEFAULT_HEADROOM_BYTES, *, cgroup_root=DEFAULT_ROOT,
          flush_bytes: int = DEFAULT_FLUSH_BYTES) -> Plan:
@@ -84,7 +78,8 @@ def plan(sources: Sequence[str | os.PathLike | ChunkInfo], quota_bytes: int | No
     check_layout(infos)
     if quota_bytes is None:
         quota_bytes = read_envelope(cgroup_root).memory_limit_bytes
-    peaks = _predict(infos, flush_bytes)
+    largest, store_bytes = max(i.nbytes for i in infos), sum(i.nbytes for i in infos)
+    peaks = {"streaming": largest + min(flush_bytes, largest), "in_ram": 2 * store_bytes}
     capped = ""
     if quota_bytes is not None and headroom_bytes > quota_bytes // HEADROOM_QUOTA_FRACTION:
         capped = (f" (capped at 1/{HEADROOM_QUOTA_FRACTION} of the quota from "
@@ -99,5 +94,5 @@ def plan(sources: Sequence[str | os.PathLike | ChunkInfo], quota_bytes: int | No
                              f" minus headroom {format_bytes(headroom_bytes)}{capped} = "
                              f"{format_bytes(budget)}" for k, v in peaks.items()))
     return Plan(choice, reason, quota_bytes, headroom_bytes, sum(i.rows for i in infos),
-                infos[0].dim, infos[0].dtype, len(infos), sum(i.nbytes for i in infos), peaks,
+                infos[0].dim, infos[0].dtype, len(infos), store_bytes, peaks,
                 allowed)

@@ -68,11 +68,8 @@ def _stat(path: str) -> os.stat_result:
 
 
 def chunk_files_in(directory: str | os.PathLike) -> list[str]:
-    """The chunk files of a directory, in name order (the trainer's order: row order).
-
-    Unpadded numbers (chunk_2, chunk_10) would put the rows in a different order by name
-    than by number; rather than guess which one the captions follow, that is an error.
-    """
+    """The chunk files of a directory, in name order (the trainer's order: row order);
+    names whose order by name and by number differ are refused, not guessed at."""
     directory = os.fspath(directory)
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIXES))
@@ -261,11 +258,8 @@ def describe_sources(paths: Sequence[str | os.PathLike]) -> list[ChunkInfo]:
 
 @contextlib.contextmanager
 def open_chunk(info: ChunkInfo) -> Iterator[np.ndarray]:
-    """Yield the chunk's rows as a raw unsigned array (rows, dim), mapped, not read.
-
-    Pages are read when touched, so the caller can stream slices through memory.
-    The file must still match its header (size/shape/dtype), else StoreError.
-    """
+    """Yield the chunk's rows as a raw unsigned array (rows, dim), mapped: pages are read
+    when touched. The file must still match its header (size/shape/dtype), else StoreError."""
     st = _stat(info.path)
     if (st.st_size, st.st_mtime_ns) != (info.file_size, info.mtime_ns):
         raise StoreError(f"{info.path}: chunk changed while the store was being built")
