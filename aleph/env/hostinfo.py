@@ -41,8 +41,9 @@ def visible_vcpus(proc: Path = Path("/proc")) -> int | None:
 def _kib_entry(path: Path, key: str) -> int | None:
     """`key:  N kB` of a /proc file in bytes (the kernel's kB are KiB); None where absent."""
     for line in (_read(path) or "").splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1]) * 1024
+        if line.startswith(f"{key}:"):  # a malformed entry reads as absent, never raises
+            n = line.split()[1:2]
+            return int(n[0]) * 1024 if n and n[0].isdigit() else None
     return None
 
 
