@@ -28,7 +28,7 @@ from aleph.record.launch import (
 )
 from aleph.report import code_compare, comparability, launches, store_diff
 from aleph.report.gitdiff import CodeDiff
-from aleph.train.config import RESUMABLE_CHANGES
+from aleph.train.config import RESUMABLE_CHANGES, RETIRED
 
 LEVELS = ("same", "info", "caveat", "blocker")
 
@@ -226,7 +226,8 @@ _CONFIG_INFO = ((INTENDED, "experiment variable"), (LABELS, "a label only"),
                 (HOLDING, "see target store"),
                 (SOURCES, "a data location: contents judged in the targets section"),
                 # fields the trainer itself lets change between launches of one run
-                (RESUMABLE_CHANGES, "does not change what is computed"))
+                (RESUMABLE_CHANGES, "does not change what is computed"),
+                (RETIRED, "a field since removed; it changed nothing computed"))
 
 
 def _flatten(obj, prefix="") -> dict:

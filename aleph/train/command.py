@@ -50,7 +50,7 @@ def _recorded(preset: str, arm: str, seed: int | None, name: str | None) -> dict
     overrides included. None when the run has no config.json yet."""
     from aleph._io import RUNS_DIR, read_json, work_root
     from aleph.record.layout import RunLayout, check_version
-    from aleph.train.config import PRESETS, SECRET_FIELDS
+    from aleph.train.config import PRESETS, RETIRED, SECRET_FIELDS
     from aleph.train.identity import run_name
 
     if preset not in PRESETS:
@@ -65,4 +65,4 @@ def _recorded(preset: str, arm: str, seed: int | None, name: str | None) -> dict
     print(f"aleph train: no field given: run {chosen} continues with its recorded config "
           f"({path})", flush=True)
     return {k: v for k, v in saved.items()
-            if k not in SECRET_FIELDS and k not in ("format_version", "arm", "seed", "preset")}
+            if k not in (*SECRET_FIELDS, *RETIRED, "format_version", "arm", "seed", "preset")}

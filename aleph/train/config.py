@@ -298,7 +298,10 @@ RESUMABLE_CHANGES = frozenset(k for k, v in _facts("resumable").items() if v)
 """Fields that may change between launches of one run: they do not change what the run
 trains, but num_threads and device change the floating-point rounding (each launch records
 its execution facts; `aleph runs diff` names such a change as not bitwise comparable)."""
-OPERATIONAL = frozenset(k for k, v in _facts("basis").items() if not v)
+RETIRED = frozenset({"defer_step_sync"})
+"""Fields the config.json of an earlier version holds that no longer exist: none changed what
+was computed, so reading one back ignores it (resume, relaunch, comparisons)."""
+OPERATIONAL = frozenset(k for k, v in _facts("basis").items() if not v) | RETIRED
 """Fields that do not define a run's comparability basis (arm and seed are compared apart)."""
 SECRET_FIELDS = tuple(k for k, v in _facts("secret").items() if v)
 
@@ -307,7 +310,7 @@ def check_same_run(saved: dict[str, Any], cfg: TrainConfig) -> None:
     """Refuse to resume a run directory with a config that computes something else."""
     now = to_dict(cfg)
     diff = sorted(k for k in set(saved) | set(now)
-                  if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
+                  if k not in RESUMABLE_CHANGES | RETIRED and saved.get(k) != now.get(k))
     detail = "; ".join(f"{k}: run has {saved.get(k)!r}, launch asks {now.get(k)!r}" for k in diff)
     if diff:
         raise ConfigError(f"this run directory was started with a different config ({detail}); "

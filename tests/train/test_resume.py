@@ -149,3 +149,36 @@ def test_a_relaunch_with_only_arm_seed_preset_resumes_with_the_recorded_config(t
     assert "no field given: run smoke/a2_dense-s5 continues with its recorded config" in again.stdout
     assert "resume: step 2" in again.stdout and "complete (step 6 of 6)" in again.stdout
     assert (run_dir / "config.json").read_bytes() == before
+
+
+def test_a_run_recorded_with_a_retired_field_resumes_and_compares_as_before(train_work):
+    """A config.json written before defer_step_sync was removed (issue 34) still resumes, given
+    its fields or none, and `runs diff` calls the field info, not a blocker; naming it on the
+    command line is refused like any unknown field."""
+    import sys
+
+    from aleph.report.diff import RunDiff, compare_config
+
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s7"
+    sets = ("max_steps=6", "lr=0.001")
+    proc = start_train(train_work, train_cmd("a2_dense", 7, *sets), ALEPH_TRAIN_PAUSE_AFTER_STEP="2")
+    wait_for_log(run_dir, "paused after step 2", proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == EXIT_STOPPED
+    config = run_dir / "config.json"
+    now = json.loads(config.read_text())
+    config.write_text(json.dumps({**now, "defer_step_sync": True}, indent=2, sort_keys=True))
+    refused = run_train(train_work, train_cmd("a2_dense", 7, *sets, "defer_step_sync=true"))
+    assert refused.returncode == 2 and "unknown config field(s) defer_step_sync" in refused.stderr
+    again = run_train(train_work, train_cmd("a2_dense", 7, *sets))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr
+    assert "resume: step 2" in again.stdout and "complete (step 6 of 6)" in again.stdout
+    bare = run_train(train_work, [sys.executable, "-m", "aleph", "train", "--arm", "a2_dense",
+                                  "--seed", "7", "--preset", "smoke"])
+    assert bare.returncode == 0, bare.stdout[-3000:] + bare.stderr
+    assert "continues with its recorded config" in bare.stdout
+    d = RunDiff("A", "B")
+    compare_config(d, {**now, "defer_step_sync": True}, now)
+    assert [(f.level, f.text) for f in d.findings if f.section == "config"] == [
+        ("info", "defer_step_sync: True vs 'absent' (a field since removed; it changed nothing "
+                 "computed)")], d.findings
