@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 
 from aleph.errors import EXIT_STOPPED
 from tests.train.conftest import (
+    REPO,
+    child_env,
     completed_run,
     final_weights,
     run_train,
@@ -162,14 +165,18 @@ def test_a_run_recorded_with_a_retired_field_resumes_and_compares_as_before(trai
     run_dir = train_work / "runs" / "smoke" / "a2_dense-s7"
     sets = ("max_steps=6", "lr=0.001")
     proc = start_train(train_work, train_cmd("a2_dense", 7, *sets), ALEPH_TRAIN_PAUSE_AFTER_STEP="2")
+    # refused at the command line, before any run is read: it runs while the first launch trains
+    refused = subprocess.Popen(train_cmd("a2_dense", 7, *sets, "defer_step_sync=true"), cwd=REPO,
+                               env=child_env(train_work), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     wait_for_log(run_dir, "paused after step 2", proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == EXIT_STOPPED
     config = run_dir / "config.json"
     now = json.loads(config.read_text())
     config.write_text(json.dumps({**now, "defer_step_sync": True}, indent=2, sort_keys=True))
-    refused = run_train(train_work, train_cmd("a2_dense", 7, *sets, "defer_step_sync=true"))
-    assert refused.returncode == 2 and "unknown config field(s) defer_step_sync" in refused.stderr
+    _, err = refused.communicate(timeout=120)
+    assert refused.returncode == 2 and "unknown config field(s) defer_step_sync" in err
     again = run_train(train_work, train_cmd("a2_dense", 7, *sets))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr
     assert "resume: step 2" in again.stdout and "complete (step 6 of 6)" in again.stdout
