@@ -111,7 +111,8 @@ def write_marker(state: Path, step: int, files: dict[str, dict]) -> None:
 
 
 def read_marker(state: Path) -> dict[str, dict]:
-    """{file name: {sha256, size}} of `state`'s COMPLETE marker, every STATE_FILES entry there.
+    """{file name: {sha256, size}} of `state`'s COMPLETE marker: the STATE_FILES and nothing
+    else (a name beyond them, `../x` or `/dev/zero`, would lead the check outside the state).
     Another format version is a StoreError (check_version); an unreadable, malformed or
     other-step marker is a ValueError saying what is wrong (the state is damaged)."""
     path = Path(state) / COMPLETE
@@ -127,11 +128,11 @@ def read_marker(state: Path) -> dict[str, dict]:
                          f"{', '.join(STATE_FILES)})")
     check_version(path, marker)
     files = marker.get("files")
-    if not (isinstance(files, dict) and set(STATE_FILES) <= set(files) and all(
+    if not (isinstance(files, dict) and set(files) == set(STATE_FILES) and all(
             isinstance(r, dict) and isinstance(r.get("sha256"), str) and type(r.get("size")) is int
             for r in files.values())):
         raise ValueError(f"{COMPLETE}: not a valid marker (expected the sha256 and size of "
-                         f"{', '.join(STATE_FILES)})")
+                         f"{', '.join(STATE_FILES)} and of nothing else)")
     if marker.get("step") != step_of(Path(state).name):
         raise ValueError(f"{COMPLETE}: records step {marker.get('step')!r}, the directory is "
                          f"{Path(state).name}")

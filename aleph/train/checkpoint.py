@@ -10,6 +10,7 @@ world size, config hash). Names, the marker and the link rules: `aleph.record.la
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -31,11 +32,14 @@ from aleph._faults import fault_point
 from aleph._io import (
     DISK_FULL_ERRNOS,
     DurableWriter,
+    NotRegularFile,
     check_free_space,
+    check_record,
     disk_full_message,
     fsync_dir,
-    read_json,
-    sha256_file,
+    open_regular,
+    parse_json_bytes,
+    read_bounded,
 )
 from aleph.errors import QuotaError, StoreError
 from aleph.model.io import plain_state_dict, state_mismatch
@@ -104,7 +108,27 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None,
 def latest(run_dir: Path) -> tuple[Path, dict] | None:
     """The newest complete checkpoint and its meta, or None (not verified: see find_resume)."""
     done = RunLayout(run_dir).complete_states()
-    return (done[-1], read_json(done[-1] / "meta.json")) if done else None
+    return (done[-1], read_meta(done[-1])) if done else None
+
+
+_META_MAX = 1 << 20
+_META_FIELDS = {"step": int, "epoch": int, "batch_in_epoch": int, "samples_seen": int,
+                "world_size": int, "config_sha256": str}
+
+
+def read_meta(state: Path) -> dict:
+    """A state's meta.json: read bounded, no link followed, its format version checked
+    (StoreError), then every field's type and its step against the directory (ValueError
+    naming the field: a pulled state's meta is a stranger's JSON)."""
+    file = Path(state) / "meta.json"
+    meta = layout.check_version(file, parse_json_bytes(read_bounded(file, _META_MAX, follow=False)))
+    check_record(meta, _META_FIELDS)
+    seconds = meta.get("train_seconds")
+    if type(seconds) not in (int, float) or not 0 <= seconds < float("inf"):
+        raise ValueError(f"field 'train_seconds' is {seconds!r}, expected seconds >= 0")
+    if meta["step"] != layout.step_of(Path(state).name):
+        raise ValueError(f"records step {meta['step']}, the directory is {Path(state).name}")
+    return meta
 
 
 def save(run_dir: Path, model: torch.nn.Module, optimizer, scheduler, pos: Position,
@@ -198,19 +222,32 @@ def verify_state(path: Path) -> str | None:
         files = layout.read_marker(path)
     except ValueError as e:
         return str(e)
-    for name in [*FILES, *sorted(set(files) - set(FILES))]:
+    for name in FILES:
         problem = _check_file(path / name, files[name])
         if problem:
             return f"{name}: {problem}"
+    try:
+        read_meta(path)
+    except (OSError, ValueError) as e:
+        return f"meta.json: {e}"
     return None
 
 
 def _check_file(path: Path, rec: dict) -> str | None:
+    """What is wrong with one state file against its marker entry; read through one
+    descriptor, never a link or a FIFO, at most the recorded size plus one byte."""
     try:
-        size = path.stat().st_size
-        digest = sha256_file(path) if size == rec["size"] else ""
+        with os.fdopen(open_regular(path, follow=False), "rb") as f:
+            size, h = os.fstat(f.fileno()).st_size, hashlib.sha256()
+            left = size + 1 if size == rec["size"] else 0  # +1: a file still growing differs
+            while left > 0 and (block := f.read(min(1 << 20, left))):
+                h.update(block)
+                left -= len(block)
+            digest = h.hexdigest()
     except FileNotFoundError:
         return f"missing (the {COMPLETE} marker lists it)"
+    except NotRegularFile as e:
+        return f"{e.kind}, expected a regular file"
     except OSError as e:
         return f"unreadable ({e.strerror or type(e).__name__})"
     if size != rec["size"]:
@@ -243,7 +280,7 @@ def find_resume(run_dir: Path, log) -> tuple[Path, dict] | None:
         rel = path.relative_to(run_dir)
         problem = verify_state(path)
         if problem is None:
-            return path, read_json(path / "meta.json")
+            return path, read_meta(path)
         moved = set_aside(path)
         aside.append(moved.name)
         log(f"resume: {rel}/{problem}; set aside as {moved.relative_to(run_dir)} "
@@ -258,7 +295,7 @@ def find_resume(run_dir: Path, log) -> tuple[Path, dict] | None:
 def load(path: Path, model: torch.nn.Module, optimizer,
          scheduler) -> tuple[Position, list[dict], dict]:
     """Load a complete state into model/optimiser/scheduler; returns position, RNG states, meta."""
-    meta = layout.check_version(path / "meta.json", read_json(path / "meta.json"))
+    meta = read_meta(path)
     trainer = load_trainer_state(path)  # before anything is changed in the model
     state = safetensors.torch.load_file(str(path / "model.safetensors"))
     problem = state_mismatch(model.state_dict(), state, 3)  # e.g. another layout of the model

@@ -229,3 +229,63 @@ def make_chunks_dir(tmp_path):
         paths.append(tmp_path / f"c{i}.pt")
         torch.save(torch.zeros(32, 8, dtype=torch.float16), paths[-1])
     return paths
+
+
+def _rewrite(state, name: str, data: bytes) -> None:
+    """Replace one state file and its marker entry, as whoever writes a destination can."""
+    (state / name).write_bytes(data)
+    marker = json.loads((state / "COMPLETE").read_text())
+    marker["files"][name] = {"sha256": sha256_file(state / name), "size": len(data)}
+    (state / "COMPLETE").write_text(json.dumps(marker))
+
+
+def test_a_marker_naming_anything_but_the_state_files_is_damage_never_read(tmp_path):
+    """A pulled marker's extra name (`../x`, `/dev/zero`) would lead the check to any file on
+    the machine (an endless read for /dev/zero); the state is damaged, nothing else is read."""
+    _save(tmp_path, [3])
+    state = RunLayout(tmp_path).state_dir(3)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"x" * 10)
+    marker = json.loads((state / "COMPLETE").read_text())
+    marker["files"]["../../outside.bin"] = {"sha256": sha256_file(outside), "size": 10}
+    (state / "COMPLETE").write_text(json.dumps(marker))
+    assert ckpt.verify_state(state) == ("COMPLETE: not a valid marker (expected the sha256 and "
+                                        "size of model.safetensors, trainer.pt, meta.json and "
+                                        "of nothing else)")
+
+
+def test_a_state_file_that_is_a_link_is_damage_even_when_its_bytes_match(tmp_path):
+    _save(tmp_path, [3])
+    state = RunLayout(tmp_path).state_dir(3)
+    moved = tmp_path / "elsewhere.pt"
+    os.rename(state / "trainer.pt", moved)
+    os.symlink(moved, state / "trainer.pt")
+    assert ckpt.verify_state(state) == "trainer.pt: a symbolic link, expected a regular file"
+
+
+@pytest.mark.parametrize("edit, want", [
+    (lambda m: {**m, "step": "3"}, "meta.json: field 'step' is '3', expected an integer >= 0"),
+    (lambda m: [m], "meta.json: format_version None, expected 1"),
+    (lambda m: {**m, "samples_seen": -1}, "meta.json: field 'samples_seen' is -1, expected an "
+                                          "integer >= 0"),
+    (lambda m: {**m, "train_seconds": "NaN"}, "meta.json: field 'train_seconds' is 'NaN', "
+                                              "expected seconds >= 0"),
+    (lambda m: {**m, "step": 6}, "meta.json: records step 6, the directory is step-00000003"),
+    (lambda m: "[" * 100_000 + "]" * 100_000, "meta.json: JSON nested too deeply to parse"),
+])
+def test_a_meta_of_the_wrong_shape_with_a_matching_marker_is_one_line(tmp_path, edit, want):
+    """A destination's writer writes meta.json and its marker entry alike: the checksum proves
+    nothing, so the fields are checked; the state is damaged (set aside, the one before used)
+    or, for another format version, refused; never a traceback at resume."""
+    _save(tmp_path, [2, 3])
+    state = RunLayout(tmp_path).state_dir(3)
+    new = edit(json.loads((state / "meta.json").read_text()))
+    _rewrite(state, "meta.json", (new if isinstance(new, str) else json.dumps(new)).encode())
+    lines = []
+    if "format_version" in want:
+        with pytest.raises(StoreError, match=r"meta\.json: format_version None, expected 1"):
+            ckpt.find_resume(tmp_path, lines.append)
+        return
+    path, meta = ckpt.find_resume(tmp_path, lines.append)
+    assert (path.name, meta["step"]) == ("step-00000002", 2)
+    assert lines[0].startswith(f"resume: checkpoints/step-00000003/{want}"), lines
