@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from aleph._io import read_json, sha256_file
-from aleph.errors import ConfigError, StoreError
+from aleph.errors import EXIT_STOPPED, ConfigError, StoreError
 from aleph.record import layout
 from aleph.record.launch import COMPLETE, FAILED, STOPPED
 from aleph.record.layout import RunLayout
@@ -66,8 +66,8 @@ def launch_end(rd: Path, pid: int | None, host: str) -> tuple[str | None, int | 
     for e in reversed((man or {}).get("launches") or []):
         if isinstance(e, dict) and e.get("pid") == pid and e.get("host") == host:
             status, code = e.get("status"), e.get("exit_status")
-            if status in (COMPLETE, STOPPED):
-                return status, 0
+            if status in (COMPLETE, STOPPED):  # the trainer's own exit status for either
+                return status, EXIT_STOPPED if status == STOPPED else 0
             # running (died unrecorded) or lost: no exit status
             return status, code if status == FAILED and isinstance(code, int) else None
     return None, None

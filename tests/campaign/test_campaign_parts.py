@@ -220,6 +220,27 @@ def test_restart_adopts_a_live_launch_and_settles_it_when_it_ends(work):
     assert run["launches"][-1]["outcome"] == "lost" and entry["n"] == 1
 
 
+def test_a_launch_that_stopped_unwatched_is_settled_as_stopped_not_as_exit_0(work):
+    """A restarted campaign settles a launch it did not spawn from the run directory: the
+    trainer recorded 'stopped' (exit 76); while the campaign stops, that is no failure."""
+    from aleph.campaign import rundirs
+    from aleph.record.layout import RunLayout
+    from aleph.train.identity import hostname
+
+    c = _campaign(retries=0)
+    entry = _running_entry(c, 4242, 1.0)
+    rd = rundirs.run_dir(c.configs["a2_dense-s0"])
+    rd.mkdir(parents=True)
+    RunLayout(rd).manifest.write_text(json.dumps({"format_version": 1, "launches": [
+        {"pid": 4242, "host": hostname(), "status": "stopped", "exit_status": EXIT_STOPPED}]}))
+    assert rundirs.launch_end(rd, 4242, hostname()) == ("stopped", EXIT_STOPPED)
+    c.stop_signal = "SIGTERM"
+    c._settle_unwatched("a2_dense-s0", entry)
+    run = c.state.run("a2_dense-s0")
+    assert (run["status"], run["failures"], entry["outcome"]) == ("queued", 0, "stopped")
+    assert entry["exit_status"] == EXIT_STOPPED and "resumes on restart" in run["note"]
+
+
 def test_a_launch_killed_before_its_spawn_never_started(work):
     c = _campaign()
     _running_entry(c, None, None, token=f"{c.state.data['id']}/a2_dense-s0/1")
