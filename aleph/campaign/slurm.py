@@ -17,6 +17,7 @@ the variables the jobs need, and the script only checks that each is set.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,9 @@ from aleph.errors import EXIT_STOPPED, ConfigError
 SLURM_DIR = "slurm"
 TABLE = "train.table"
 LOG = "aleph-slurm:"  # prefix of every line the scripts print themselves
+# What a path may hold to be written into #SBATCH lines (unquotable: a newline ends the
+# line, a space splits it, % is sbatch's pattern) and into the scripts' echo strings.
+_SCRIPT_PATH_RE = re.compile(r"/[A-Za-z0-9._+@,=:/-]*")
 _FREE_PORT = 'import socket; s = socket.socket(); s.bind(("0.0.0.0", 0)); print(s.getsockname()[1])'
 
 
@@ -69,6 +73,14 @@ class Layout:
 
     work: Path
     package_root: Path | None  # exported as PYTHONPATH when no container brings aleph
+
+    def __post_init__(self) -> None:
+        if not _SCRIPT_PATH_RE.fullmatch(str(self.work)):
+            raise ConfigError(f"work root (ALEPH_WORK) {str(self.work)!r}: the Slurm scripts "
+                              "write it into #SBATCH lines and shell commands; expected an "
+                              "absolute path of letters, digits and . _ + @ , = : - / only (no "
+                              "space, quote, $, `, %, \\ or newline): set ALEPH_WORK to such "
+                              "a path (a symbolic link to the work root will do)")
 
     def dir(self, spec: Spec) -> Path:
         return self.work / "campaigns" / spec.name / SLURM_DIR

@@ -215,3 +215,18 @@ def test_status_reads_run_directories_and_finish_only_reports(campaign_work, cap
     assert "a2_dense-s0: capability " in out
     assert not (work / "runs" / "smoke" / "a3_random-s0").exists()
     assert (work / "campaigns" / "st" / "report").is_dir()
+
+
+@pytest.mark.parametrize("name", ["a b", "x$(touch pwned)", "q\"uote", "nl\ntouch pwned #", "p%j"])
+def test_a_work_root_the_scripts_cannot_hold_safely_is_refused_before_anything_is_written(
+        tmp_path, capsys, monkeypatch, no_sinfo, name):
+    """The work root lands in #SBATCH lines (no quoting there: a newline ends the line and the
+    rest runs as shell, a space splits it, % is a pattern) and in the scripts' echo strings."""
+    work = tmp_path / name
+    monkeypatch.setenv("ALEPH_WORK", str(work))
+    rc = main(["campaign", "--on", "slurm", "--preset", "smoke", *ONE, "--no-probes"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"aleph campaign: error: work root (ALEPH_WORK) {str(work)!r}: the "
+                          "Slurm scripts write it into #SBATCH lines"), err
+    assert not work.exists() and not (tmp_path / "pwned").exists()
