@@ -1,8 +1,10 @@
-"""One stop for any number of SIGTERM/SIGINT: the handler every stoppable command installs.
+"""One stop for any number of stop signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2): the
+handler every stoppable command installs.
 
 Slurm sends SIGTERM twice within milliseconds (slurmstepd, then srun) and torchrun forwards
 its own again, so a second signal must not kill the save or cleanup the first one started.
-SIGKILL (or Ctrl-\\, SIGQUIT) is the force. Here, not in aleph.train, for `targets extract`.
+SIGHUP is a dropped ssh session; SIGUSR1/2 are what sites often choose as the pre-timeout
+signal. SIGKILL (or Ctrl-\\, SIGQUIT) is the force. Here, not in aleph.train, for `targets extract`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,20 @@ import threading
 from collections.abc import Callable
 
 from aleph.errors import EXIT_STOPPED
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# The commands that install a StopFlag; a stop before they do is held for it (`hold_early`).
+_STOPPABLE = (("train",), ("targets", "extract"), ("targets", "consensus"))
+_held: list[str] = []  # names of the stop signals that came before the StopFlag
+
+
+def hold_early(argv: list[str]) -> None:
+    """For a stoppable command, hold a stop signal that comes before its StopFlag exists:
+    importing torch takes seconds, and the default action would end the launch with 143 and
+    no line (a requeued Slurm element stopped then would count as failed)."""
+    if any(tuple(argv[:len(c)]) == c for c in _STOPPABLE):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda signum, frame: _held.append(signal.Signals(signum).name))
 
 
 class StopRequested(BaseException):
@@ -29,7 +45,7 @@ class StopRequested(BaseException):
 
 
 class StopFlag:
-    """SIGTERM/SIGINT handling of one launch, until restore(). 'interrupt' mode (input
+    """Stop-signal handling of one launch, until restore(). 'interrupt' mode (input
     checks, store and model builds, resume load) raises StopRequested at once, so a long
     build does not outlive a grace period; 'flag' mode (the step loop, the lock, the
     records) only sets the flag: the loop saves and exits errors.EXIT_STOPPED. A repeated
@@ -41,8 +57,11 @@ class StopFlag:
         self.mode = "flag"
         self.repeats = 0
         """Signals after the first (each ignored: one stop)."""
-        self._old = {sig: signal.signal(sig, self._handle)
-                     for sig in (signal.SIGTERM, signal.SIGINT)}
+        self._old = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        if _held:  # a stop that came during the imports is this launch's stop
+            self.signame, self.repeats = _held[0], len(_held) - 1
+            self.event.set()
+            _held.clear()
         self.set_mode(mode)
 
     def _handle(self, signum, frame) -> None:
@@ -71,9 +90,9 @@ class StopFlag:
 
 
 def ignore_stops() -> None:
-    """The command has ended and said how: a late SIGTERM/SIGINT (Slurm's second, torchrun's
-    forwarded ones) must not turn the exit status into a death by signal."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    """The command has ended and said how: a late stop signal (Slurm's second SIGTERM,
+    torchrun's forwarded ones) must not turn the exit status into a death by signal."""
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 
@@ -83,9 +102,10 @@ def run_until_stop(command: str, body: Callable[[], int | str], kept: Callable[[
     (exit 0), printed after the switch to 'flag' mode: the work is committed, and a signal
     then cannot turn a done command into a stopped one. After a stop: one line, `aleph
     <command>: <kept(signal name)>; resume with: aleph <again()>`, and EXIT_STOPPED."""
-    stop = StopFlag("interrupt")
+    stop = StopFlag()
     done = None
     try:
+        stop.set_mode("interrupt")  # a stop held since the imports (hold_early) raises here
         done = body()
         stop.set_mode("flag")
     except StopRequested as e:

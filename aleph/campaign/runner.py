@@ -6,7 +6,8 @@ Every change is in campaign.json before the next step, so after a SIGKILL a rest
 for a launch that still lives (never launching it again) and settles one that ended from
 its run directory. The run lock (aleph.train.identity.RunLock) decides who trains a run: a
 trainer that loses the race exits 75 and changes nothing.
-SIGTERM/SIGINT: one SIGTERM per trainer (it checkpoints, exits 76), wait, exit 76.
+A stop signal (SIGTERM, SIGINT, SIGHUP, SIGUSR1/2): one SIGTERM per trainer (it checkpoints,
+exits 76), wait, exit 76.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from aleph._io import open_write_nofollow
+from aleph._signals import STOP_SIGNALS
 from aleph.campaign import procs, rundirs
 from aleph.campaign.spec import Device, Spec
 from aleph.campaign.state import (
@@ -94,7 +96,7 @@ class Campaign:
         except RunLocked as e:
             raise RunLocked(f"campaign {self.spec.name} is already running in another "
                             f"process: {procs.holder_text(str(e))}") from None
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         try:
             for line in self.state.begin_process(os.getpid(), [d.name for d in self.devices], options):
                 self.say(line)

@@ -16,6 +16,7 @@ import pkgutil
 import sys
 
 from aleph import __version__
+from aleph._signals import hold_early
 from aleph.errors import AlephError, PeerLost
 
 
@@ -46,6 +47,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command (not a caller's): its stop signals
+        hold_early(sys.argv[1:])  # held before the seconds of imports, for its StopFlag
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(only=argv[0] if argv else None)
     args = parser.parse_args(argv)

@@ -45,8 +45,9 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
     run_dir = run_dir_for(cfg, name)  # a bad --name fails here, before anything else
     # From here on a stop is one stop, whenever it comes: before the lock it ends the launch
     # at once (nothing is written yet), then it is recorded (see _launch).
-    stop = StopFlag("interrupt")
+    stop = StopFlag()
     try:
+        stop.set_mode("interrupt")  # a stop held since the imports (hold_early) raises here
         return _locked_launch(cfg, tracer, run_dir, name, again, stop)
     except StopRequested as e:
         print(f"aleph train: stopped by {e.signame} before the launch was recorded (while "

@@ -74,3 +74,57 @@ def test_nonfinite_loss_exits_65_and_records_the_failure(train_work):
     [launch] = _launches(run_dir)
     assert (launch["status"], launch["exit_status"]) == ("failed", 65)
     assert launch["note"].startswith("NonFiniteError: step 2")
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (SigCgt of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(mask >> (sig - 1) & 1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_a_stop_while_the_launch_still_imports_exits_76_with_its_line(train_work, sig):
+    """A stop signal is the launch's stop from the first lines of `aleph train` on: sent as
+    soon as the process catches it (torch not yet imported), it ends with exit 76 and the
+    stopped line, not a death by signal (143, no line: a Slurm element would count as
+    failed); SIGHUP (a dropped ssh session) is a stop like SIGTERM."""
+    import time
+
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s9"
+    proc = start_train(train_work, train_cmd("a2_dense", 9, "max_steps=2"))
+    deadline = time.monotonic() + 60
+    while not _catches(proc.pid, sig):
+        assert proc.poll() is None and time.monotonic() < deadline, "never caught " + sig.name
+        time.sleep(0.005)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_STOPPED, out
+    assert f"stopped by {sig.name} before the launch was recorded" in out, out
+    assert "Traceback" not in out and not run_dir.exists()
+
+
+def test_a_stop_before_the_stopflag_is_held_for_it_and_only_for_stoppable_commands():
+    """hold_early (called first by the `aleph` process): a signal before the StopFlag exists
+    becomes the StopFlag's stop; commands without one keep the default actions."""
+    from aleph import _signals
+    from aleph.train.signals import StopFlag, StopRequested
+
+    old = {s: signal.getsignal(s) for s in _signals.STOP_SIGNALS}
+    try:
+        _signals.hold_early(["runs", "list"])
+        assert {s: signal.getsignal(s) for s in _signals.STOP_SIGNALS} == old
+        _signals.hold_early(["train", "--arm", "a2_dense"])
+        signal.raise_signal(signal.SIGUSR1)
+        signal.raise_signal(signal.SIGTERM)
+        stop = StopFlag()
+        try:
+            assert stop.is_set() and (stop.signame, stop.repeats) == ("SIGUSR1", 1)
+            with pytest.raises(StopRequested, match="stopped by SIGUSR1"):
+                stop.set_mode("interrupt")
+        finally:
+            stop.restore()
+        assert StopFlag().is_set() is False  # held once, for the first StopFlag only
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
