@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aleph.campaign.finish import EvalOptions
-from aleph.campaign.slurm_site import Site, format_time
+from aleph.campaign.slurm_site import Site, format_time, refuse_secret_values
 from aleph.campaign.spec import Spec
 from aleph.errors import EXIT_STOPPED, ConfigError
 
@@ -56,6 +56,7 @@ def make_extraction(shards: int | None, extract_args: str | None, consensus_args
     if shards < 1 or not extract_args:
         raise ConfigError("--extract-shards: expected N >= 1 and --extract-args (the "
                           "arguments of aleph targets extract)")
+    refuse_secret_values({"--extract-args": extract_args, "--consensus-args": consensus_args})
     words = {"--extract-args": shlex.split(extract_args),
              "--consensus-args": shlex.split(consensus_args or "")}
     if bad := [opt for opt, w in words.items() if "--shard" in w]:

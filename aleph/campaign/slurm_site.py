@@ -29,6 +29,19 @@ _TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 # Launchers that run a container beside Slurm instead of under it: the job's processes
 # would escape its cgroup, its signals and its SLURM_* variables.
 _ESCAPING = {"docker", "podman", "nerdctl"}
+# A Hugging Face token by value (a reference such as HF_TOKEN=$HF_TOKEN is fine): the
+# option's text is written into the scripts and campaign.json.
+_SECRET_VALUE_RE = re.compile(r"\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN)=(?!\$)\S|\bhf_[A-Za-z0-9]{20,}")
+
+
+def refuse_secret_values(options: dict[str, str | None]) -> None:
+    """ConfigError naming the first option whose text gives a token by value (never echoed)."""
+    for opt, text in options.items():
+        if text and _SECRET_VALUE_RE.search(text):
+            raise ConfigError(f"{opt}: holds a Hugging Face token by value; with --on slurm a "
+                              "secret reaches the jobs by name only (export HF_TOKEN in the "
+                              "submitting shell and give --env HF_TOKEN); its value never goes "
+                              "into a script")
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,9 @@ def make_site(*, python: str, time: str = "1-00:00:00", finish_time: str = "02:0
             raise ConfigError(f"--sbatch-line {line!r}: expected one sbatch option such as "
                               "--constraint=a40 (one line, starting with --)")
     _check_container(s.container_exec, s.container_image)
+    refuse_secret_values({"--sbatch-line": "\n".join(sbatch_line),
+                          "--container-exec": s.container_exec,
+                          "--container-image": s.container_image})
     for name in env:
         if not ENV_NAME_RE.fullmatch(name):
             raise ConfigError(f"--env {name!r}: expected a variable name (the jobs read its "

@@ -129,6 +129,12 @@ def _fake_bin(tmp_path: Path, **tools: str) -> Path:
     (["--sbatch-line=#SBATCH --mem=1G"], "--sbatch-line '#SBATCH --mem=1G': expected one "
      "sbatch option"),
     (["--nodes", "0"], "--nodes 0: expected an integer >= 1"),
+    (["--sbatch-line=--export=ALL,HF_TOKEN=SeCrEt"], "--sbatch-line: holds a Hugging Face "
+     "token by value"),
+    (["--container-exec", "apptainer exec --env HF_TOKEN=SeCrEt img.sif"], "--container-exec: "
+     "holds a Hugging Face token by value"),
+    (["--extract-shards", "2", "--extract-args", "--out o --x hf_SeCrEtSeCrEtSeCrEtSeCrEt"],
+     "--extract-args: holds a Hugging Face token by value"),
     (["--gpus-per-task", "1"], "a2_dense-s0: config field 'device' is 'cpu' but "
      "--gpus-per-task is 1"),
     (["--set", "hf_token=hf_SeCrEt"], "--set hf_token=...: with --on slurm a secret reaches "
