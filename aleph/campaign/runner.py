@@ -196,7 +196,11 @@ class Campaign:
                     self.say(f"{self.stop_signal}: stopping; each running trainer gets one "
                              "SIGTERM, saves a resume state and exits; nothing new is launched")
                 self._forward()
-                if not self.children and not self.orphans:
+                if not self.children and all(o.pid is None for o in self.orphans.values()):
+                    for rid, o in self.orphans.items():  # only their own host can stop them
+                        self.say(f"{rid}: launch {o.entry['n']} runs on {o.entry.get('host')}, "
+                                 "where this campaign cannot signal it: left running; the next "
+                                 "campaign launch waits for it again")
                     return
             else:
                 self._check_locked()

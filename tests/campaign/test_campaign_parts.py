@@ -342,3 +342,28 @@ def test_evaluation_defaults_are_aleph_evals():
     assert (EvalOptions().probe_rows, EvalOptions().probe_batch) == (DEFAULT_ROWS, DEFAULT_PROBE_BATCH)
     assert (a.arms, a.seeds, a.preset, a.devices) == (["a1_anchored", "a2_dense", "a3_random"],
                                                        [0, 1], "e1", "auto")
+
+
+def test_a_stopped_campaign_does_not_wait_for_a_launch_on_another_host(work):
+    """A launch another host runs (adopted through its run lock) cannot be signalled from
+    here: a stop leaves it running, on record, instead of waiting for it without bound."""
+    from aleph.campaign import rundirs
+
+    c = _campaign()
+    entry = _running_entry(c, 4242, 1.0)
+    entry["host"] = "otherhost"
+    c.state.save()
+    rd = rundirs.run_dir(c.configs["a2_dense-s0"])
+    rd.mkdir(parents=True)
+    lock = RunLock(rd)  # what the other host's trainer holds
+    lock.acquire()
+    try:
+        c2 = _campaign()
+        c2._reconcile()
+        assert c2.orphans["a2_dense-s0"].pid is None  # adopted: alive by its lock
+        c2.stop_signal, c2.poll = "SIGTERM", 0.01
+        c2._loop()  # returns at once (before: waited as long as that launch ran)
+    finally:
+        lock.release()
+    assert "runs on otherhost, where this campaign cannot signal it" in c2.out.getvalue()
+    assert c2.state.run("a2_dense-s0")["status"] == "running"
