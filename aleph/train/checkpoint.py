@@ -297,16 +297,23 @@ def load(path: Path, model: torch.nn.Module, optimizer,
     """Load a complete state into model/optimiser/scheduler; returns position, RNG states, meta."""
     meta = read_meta(path)
     trainer = load_trainer_state(path)  # before anything is changed in the model
-    state = safetensors.torch.load_file(str(path / "model.safetensors"))
+    try:
+        state = safetensors.torch.load_file(str(path / "model.safetensors"))
+    except Exception as e:  # SafetensorError for a bad header, OSError, ...
+        raise StoreError(f"{path / 'model.safetensors'}: not a readable safetensors file "
+                         f"({_SHORT.repr(str(e))[1:-1]})") from None
     problem = state_mismatch(model.state_dict(), state, 3)  # e.g. another layout of the model
     if problem:
         raise StoreError(f"{path / 'model.safetensors'}: does not match the model this config "
                          f"builds: {problem}")
     model.load_state_dict(state, strict=True)
     built = device_flags(optimizer)
-    optimizer.load_state_dict(trainer["optimizer"])
+    for what, target in (("optimizer", optimizer), ("scheduler", scheduler)):
+        try:  # plain values that pass the unpickler can still be of the wrong shape
+            target.load_state_dict(trainer[what])
+        except (TypeError, ValueError, KeyError, IndexError, RuntimeError, AttributeError) as e:
+            raise _refuse(path / "trainer.pt", f"{what}: {_SHORT.repr(str(e))[1:-1]}") from None
     restore_device_flags(optimizer, built)  # the fused kernel follows the device, not the state
-    scheduler.load_state_dict(trainer["scheduler"])
     pos = Position(**{f.name: meta[f.name] for f in dataclasses.fields(Position)})
     return pos, trainer["rng"], meta
 
@@ -367,6 +374,13 @@ def _state_problem(state) -> str | None:
             return f"rng[{rank}].torch: expected a ByteTensor"
         if "cuda" in rng and not isinstance(rng["cuda"], torch.Tensor):
             return f"rng[{rank}].cuda: expected one ByteTensor (the rank's own device)"
+        before = rng_state()  # each CPU generator tries the saved state, then gets its own back
+        try:
+            set_rng_state(rng)
+        except (TypeError, ValueError, KeyError, IndexError, RuntimeError) as e:
+            return f"rng[{rank}]: not a generator state ({_SHORT.repr(str(e))[1:-1]})"
+        finally:
+            set_rng_state(before)
     return None
 
 

@@ -289,3 +289,41 @@ def test_a_meta_of_the_wrong_shape_with_a_matching_marker_is_one_line(tmp_path, 
     path, meta = ckpt.find_resume(tmp_path, lines.append)
     assert (path.name, meta["step"]) == ("step-00000002", 2)
     assert lines[0].startswith(f"resume: checkpoints/step-00000003/{want}"), lines
+
+
+def _resave_trainer(state, edit) -> None:
+    import io
+
+    trainer = torch.load(state / "trainer.pt", weights_only=True)
+    edit(trainer)
+    buf = io.BytesIO()
+    torch.save(trainer, buf)
+    _rewrite(state, "trainer.pt", buf.getvalue())
+
+
+@pytest.mark.parametrize("edit, want", [
+    (lambda t: t["rng"][0].update(python="x"), r"trainer\.pt: refused as a resume state: "
+     r"rng\[0\]: not a generator state \("),
+    (lambda t: t["optimizer"].update(param_groups="x"), r"trainer\.pt: refused as a resume "
+     r"state: optimizer: "),
+    (lambda t: t.update(scheduler={"last_epoch": "x", "_step_count": []}), r"trainer\.pt: "
+     r"refused as a resume state: scheduler: "),
+    (None, r"model\.safetensors: not a readable safetensors file \("),
+])
+def test_state_contents_of_the_wrong_shape_are_refused_in_one_line(tmp_path, edit, want):
+    """Plain values pass the weights-only unpickler and a destination's writer updates the
+    marker: the contents are checked before use, one line naming the file, nothing half-set."""
+    _save(tmp_path, [3])
+    state = RunLayout(tmp_path).state_dir(3)
+    if edit is None:
+        _rewrite(state, "model.safetensors", b"\x10\0\0\0\0\0\0\0{not json here!}")
+    else:
+        _resave_trainer(state, edit)
+    assert ckpt.verify_state(state) is None  # the marker matches: only the contents are wrong
+    import random
+    before = random.getstate()
+    model, opt, sched = tiny_trainer()[1:]
+    with pytest.raises(StoreError) as e:
+        ckpt.load(state, model, opt, sched)
+    assert __import__("re").search(want, str(e.value)) and "\n" not in str(e.value), e.value
+    assert random.getstate() == before  # a refused RNG state left the generators as they were
