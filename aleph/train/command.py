@@ -49,6 +49,7 @@ def _recorded(preset: str, arm: str, seed: int | None, name: str | None) -> dict
     field: a relaunch with only --arm/--seed/--preset resumes the run as it was made,
     overrides included. None when the run has no config.json yet."""
     from aleph._io import RUNS_DIR, read_json, work_root
+    from aleph.errors import ConfigError
     from aleph.record.layout import RunLayout, check_version
     from aleph.train.config import PRESETS, RETIRED, SECRET_FIELDS
     from aleph.train.identity import run_name
@@ -59,7 +60,10 @@ def _recorded(preset: str, arm: str, seed: int | None, name: str | None) -> dict
     path = RunLayout(work_root() / RUNS_DIR / chosen).config
     if not path.is_file():
         return None
-    saved = check_version(path, read_json(path))  # our own work root, written atomically
+    try:  # a pulled run's config.json is a stranger's JSON too
+        saved = check_version(path, read_json(path))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: unreadable ({e}); expected the run's recorded config") from None
     if saved.get("preset") != preset or saved.get("arm") != arm:
         return None  # another run's config under this name: the launch refuses it as today
     print(f"aleph train: no field given: run {chosen} continues with its recorded config "

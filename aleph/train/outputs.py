@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from aleph._io import atomic_write_json, read_json
+from aleph._io import atomic_write_json, read_json, short_repr
+from aleph.errors import StoreError
 from aleph.record import heartbeat, layout, provenance
 from aleph.record.launch import ACTIONS, LOST, NOTHING, RESUMED, RUNNING, STATUSES, TRAINED
 from aleph.record.layout import RunLayout
@@ -25,7 +26,14 @@ class Manifest:
     def __init__(self, run_dir: Path, run_id: str, arm: str, seed: int) -> None:
         self.path = RunLayout(run_dir).manifest
         if self.path.is_file():
-            self.data = layout.check_version(self.path, read_json(self.path))
+            try:  # a pulled run's manifest is a stranger's JSON
+                self.data = layout.check_version(self.path, read_json(self.path))
+            except (OSError, ValueError) as e:
+                raise StoreError(f"{self.path}: unreadable ({e})") from None
+            found = self.data.get("launches")
+            if not (isinstance(found, list) and all(isinstance(x, dict) for x in found)):
+                raise StoreError(f"{self.path}: field 'launches' is {short_repr(found, 80)}, "
+                                 "expected a list of launch records (objects)")
         else:
             self.data = {"format_version": layout.FORMAT_VERSION, "run_id": run_id, "arm": arm,
                          "seed": seed, "launches": []}

@@ -348,8 +348,9 @@ def captions_digest(source: str, load, column: str = "caption",
     if memo.is_file():
         try:
             saved = read_json(memo)
-        except ValueError:
+        except (OSError, ValueError):
             saved = {}  # written atomically, so a hand edit: recompute and rewrite it
+        saved = saved if isinstance(saved, dict) else {}
         digest = saved.get("captions_sha256")
         if saved.get("identity") == identity and isinstance(digest, str) and len(digest) == 64:
             say(f"inputs: captions {source}: content hash memoised ({memo.name})")

@@ -89,6 +89,7 @@ def read_metrics(run_dir) -> dict:
     """metrics.json of an earlier launch, for the carry-over of first_loss ({} if none)."""
     path = RunLayout(run_dir).metrics
     try:
-        return read_json(path) if path.is_file() else {}
-    except ValueError:  # atomic writes make this a hand edit; start the carry-over afresh
+        data = read_json(path) if path.is_file() else {}
+    except (OSError, ValueError):  # a hand edit or a stranger's file: start the carry-over afresh
         return {}
+    return data if isinstance(data, dict) else {}

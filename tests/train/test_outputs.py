@@ -122,3 +122,18 @@ def test_a_manifest_of_another_format_version_is_refused_in_one_line(tmp_path):
     assert str(e.value) == (f"{tmp_path / 'manifest.json'}: format_version None, expected 1 "
                             "(written by another version of aleph-e1; this one reads only its own)")
     assert (tmp_path / "manifest.json").read_text() == text
+
+
+@pytest.mark.parametrize("launches", [["x", 5], {"a": 1}, None])
+def test_a_manifest_whose_launches_are_not_records_is_one_line(tmp_path, launches):
+    """A pulled run's manifest.json is a stranger's JSON: the launch records are checked
+    before a launch reads them (they were an AttributeError traceback at resume)."""
+    from aleph.errors import StoreError
+    from aleph.train.outputs import Manifest
+
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"format_version": 1, "launches": launches}))
+    with pytest.raises(StoreError) as e:
+        Manifest(tmp_path, "r", "a2_dense", 0)
+    assert str(e.value).startswith(f"{path}: field 'launches' is ") and str(e.value).endswith(
+        "expected a list of launch records (objects)")
