@@ -8,6 +8,7 @@ anything is written there, and rank 0 alone writes it (other ranks: their own la
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -188,7 +189,8 @@ def summary(run_dir: Path, status: str, log_path: Path, again: str | None,
              f"  metrics: {run.metrics}; TensorBoard events: {run.tb} (`aleph tensorboard`)"]
     if status == COMPLETE:
         lines += [f"  weights: {run.final_weights}",
-                  f"  next: `aleph eval {ref}`, then `aleph report {ref}` (and other runs)"]
+                  f"  next: `aleph eval {shlex.quote(ref)}`, then `aleph report "
+                  f"{shlex.quote(ref)}` (and other runs)"]  # quoted: a pulled run's name
     else:
         lines.append(f"  resume: run the same command again (`{again or 'aleph train ...'}`); "
                      f"it continues from the last resume state in {run.checkpoints}/")

@@ -73,3 +73,14 @@ def test_a_run_is_found_by_directory_or_by_name(work, tmp_path, given):
     assert resolve_run(given) == run_dir and require_run_dir(str(run_dir)) == run_dir
     with pytest.raises(DataError, match="nosuch: not a run directory .*`aleph runs list`"):
         require_run_dir("nosuch")
+
+
+def test_the_next_commands_quote_a_run_name_a_shell_would_split(tmp_path, monkeypatch):
+    """A pulled run's name is a stranger's: pasted, `aleph eval x;touch y` would run touch."""
+    from aleph.record.launch import COMPLETE
+    from aleph.train.run import summary
+
+    monkeypatch.setenv("ALEPH_WORK", str(tmp_path))
+    text = summary(tmp_path / "runs" / "smoke" / "x;touch pwned;#", COMPLETE, tmp_path / "l", None)
+    assert "next: `aleph eval 'smoke/x;touch pwned;#'`, then `aleph report " \
+           "'smoke/x;touch pwned;#'`" in text
