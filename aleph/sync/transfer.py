@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import aleph.sync.index as ix
-from aleph._io import fsync_dir, sha256_file
+from aleph._io import RUNS_DIR, fsync_dir, sha256_file
 from aleph.record import layout
 from aleph.sync.dest import Destination, pause_hook
 from aleph.sync.index import Snapshot, SyncError, run_path
@@ -148,10 +148,25 @@ def pull(dest: Destination, into: Path, run: str | None = None) -> list[PullResu
         if final.exists():
             raise SyncError(f"{final}: already exists; a pull never replaces a run directory: "
                             "pull --into another work root, or move it aside")
+        _refuse_inside_a_run(dest, r, into)
         targets.append((r, snap, final))
     into.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(into)
     return [_pull_one(dest, r, snap, final, into) for r, snap, final in targets]
+
+
+def _refuse_inside_a_run(dest: Destination, run: str, into: Path) -> None:
+    """A pulled run is `runs/<name>` or `runs/<preset>/<name>` and lands in no run directory
+    (a destination's `runs/<your run>/checkpoints/step-N` would plant a resume state in yours)."""
+    parts = run.split("/")
+    if parts[0] != RUNS_DIR or not 2 <= len(parts) <= 3:
+        raise SyncError(f"sync destination {dest.spec}: {run!r} is not a run path (expected "
+                        f"{RUNS_DIR}/<name> or {RUNS_DIR}/<preset>/<name>); nothing "
+                        "was pulled")
+    above = into.joinpath(*parts[:2])
+    if len(parts) == 3 and any(os.path.lexists(above / n) for n in (layout.CONFIG, layout.MANIFEST)):
+        raise SyncError(f"sync destination {dest.spec}: {run} lies inside the run directory "
+                        f"{above}; a pull never writes into a run directory; nothing was pulled")
 
 
 def _pull_one(dest: Destination, run: str, snap: Snapshot, final: Path, into: Path) -> PullResult:

@@ -259,3 +259,30 @@ def test_cleanup_leaves_a_link_and_a_lockless_staging_alone(pushed, tmp_path):
     pull(DirDestination(bucket), into)
     assert (v / "thesis.tex").read_text() == "years of work"
     assert (foreign / "data.bin").is_file()
+
+
+@pytest.mark.parametrize("planted", ["runs/smoke/a2_dense-s9/checkpoints/step-00000090",
+                                     "runs/mine/inner"])
+def test_a_pull_never_writes_into_a_run_directory_you_have(tmp_path, planted):
+    """A destination's "run" whose path lies inside one of your runs (its resume state, its
+    weights) is refused whole: your run is left exactly as it was."""
+    from aleph.sync.index import SyncError
+
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    if planted.endswith("inner"):
+        mine = tmp_path / "work" / "runs" / "mine"
+        atomic_write_json(mine / "config.json", {"arm": "a2_dense", "seed": 1, "preset": "smoke"})
+    else:
+        mine = small_run(tmp_path / "work")
+    before = sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*"))
+    stranger = small_run(tmp_path / "src")
+    nested = tmp_path / "other" / planted
+    nested.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(stranger, nested)
+    push(nested, DirDestination(bucket))
+    with pytest.raises(SyncError, match="a pull never writes into a run directory|is not a run "
+                                        "path") as e:
+        pull(DirDestination(bucket), tmp_path / "work")
+    assert "nothing was pulled" in str(e.value)
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == before
