@@ -174,7 +174,7 @@ def _push(args: argparse.Namespace) -> int:
     from aleph._io import read_json
     from aleph.eval.rundir import require_run_dir
     from aleph.sync import SyncError, parse_destination, push
-    from aleph.sync.transfer import check_run_dir
+    from aleph.sync.transfer import check_run_dir, foreign_sync_to
     from aleph.train.identity import RunLock
 
     run_dir = require_run_dir(args.run)
@@ -187,6 +187,10 @@ def _push(args: argparse.Namespace) -> int:
         if not spec:
             raise SyncError(f"{run_dir}: no destination: pass --to DEST (its config.json has "
                             "no sync_to)")
+        if src := foreign_sync_to(run_dir, spec):
+            raise SyncError(f"{run_dir}: pulled from {src}; the sync_to its config.json came "
+                            f"with ({spec}) was chosen there, not here: pass --to DEST (--to "
+                            f"{spec} to push there after all)")
     dest = parse_destination(spec)
     lock = RunLock(run_dir)
     lock.acquire()  # RunLocked (exit 75) while a launch trains it: that launch syncs itself

@@ -7,6 +7,7 @@ writes under `runs/<name>/`, the step directories, the COMPLETE marker and the l
       metrics.json           the last step's figures and the carried-over totals
       run.lock               flock of the live launch (a duplicate exits 75)
       sync-state.json        what `aleph.sync` hashed and pushed (local, never synced)
+      pulled.json            where `aleph runs pull` brought the run from (local, never synced)
       launches/<id>.log      one console log per launch (rank r > 0: <id>.rank<r>.log)
       launches/<id>.heartbeat.json, <id>.code.json
       checkpoints/step-NNNNNNNN/   resume states (model.safetensors, trainer.pt, meta.json;
@@ -43,6 +44,7 @@ METRICS = "metrics.json"
 EVAL = "eval.json"
 LOCK = "run.lock"
 SYNC_STATE = "sync-state.json"
+PULLED = "pulled.json"
 LAUNCHES = "launches"
 HEARTBEAT_SUFFIX = ".heartbeat.json"
 CODE_SUFFIX = ".code.json"
@@ -159,6 +161,7 @@ class RunLayout:
     eval = _under(EVAL)
     lock = _under(LOCK)
     sync_state = _under(SYNC_STATE)
+    pulled = _under(PULLED)
     launches = _under(LAUNCHES)
     checkpoints = _under(CHECKPOINTS)
     weights = _under(WEIGHTS)

@@ -22,8 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import aleph.sync.index as ix
-from aleph._io import RUNS_DIR, fsync_dir, sha256_file
+from aleph._io import RUNS_DIR, atomic_write_json, fsync_dir, read_json, sha256_file
 from aleph.record import layout
+from aleph.record.layout import RunLayout
 from aleph.sync.dest import Destination, pause_hook
 from aleph.sync.index import Snapshot, SyncError, run_path
 from aleph.sync.select import HashCache, collect
@@ -181,6 +182,7 @@ def _pull_one(dest: Destination, run: str, snap: Snapshot, final: Path, into: Pa
             _verify(dest, run, snap, rel, rec, out)
             pause_hook(n)
         _seed_cache(tree, snap, dest)
+        _record_pull(tree, snap, dest)
         final.parent.mkdir(parents=True, exist_ok=True)
         os.rename(tree, final)  # the run appears whole, or not at all
         fsync_dir(final.parent)
@@ -211,6 +213,35 @@ def _seed_cache(tree: Path, snap: Snapshot, dest: Destination) -> None:
     cache.pushed[dest.spec] = {"destination": dest.spec, "time": snap.index.get("time"),
                                "step": snap.step, "revision": snap.revision}
     cache.save(keep=set(snap.files))
+
+
+def _record_pull(tree: Path, snap: Snapshot, dest: Destination) -> None:
+    """pulled.json: the source and the sync_to the pulled config.json came with (chosen by
+    whoever wrote the destination: `foreign_sync_to`)."""
+    try:
+        config = read_json(RunLayout(tree).config)
+    except (OSError, ValueError):
+        config = {}
+    sync_to = config.get("sync_to") if isinstance(config, dict) else None
+    atomic_write_json(RunLayout(tree).pulled, {"from": dest.spec, "revision": snap.revision,
+                                               "sync_to": sync_to if isinstance(sync_to, str) else ""})
+
+
+def foreign_sync_to(run_dir: Path, sync_to: str) -> str | None:
+    """The source a run was pulled from when `sync_to` is the one its pulled config.json came
+    with and not that source (a destination the source's writer chose, not the user), else
+    None. A pulled.json that cannot be read counts as foreign: it is written atomically."""
+    path = RunLayout(run_dir).pulled
+    if not sync_to or not os.path.lexists(path):
+        return None
+    try:
+        rec = read_json(path)
+    except (OSError, ValueError):
+        return str(path)
+    if not isinstance(rec, dict):
+        return str(path)
+    src = rec.get("from")
+    return None if rec.get("sync_to") != sync_to or sync_to == src else str(src)
 
 
 def _new_staging(into: Path) -> tuple[Path, int]:

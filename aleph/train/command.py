@@ -51,6 +51,7 @@ def _recorded(preset: str, arm: str, seed: int | None, name: str | None) -> dict
     from aleph._io import RUNS_DIR, read_json, work_root
     from aleph.errors import ConfigError
     from aleph.record.layout import RunLayout, check_version
+    from aleph.sync.transfer import foreign_sync_to
     from aleph.train.config import PRESETS, RETIRED, SECRET_FIELDS
     from aleph.train.identity import run_name
 
@@ -68,5 +69,11 @@ def _recorded(preset: str, arm: str, seed: int | None, name: str | None) -> dict
         return None  # another run's config under this name: the launch refuses it as today
     print(f"aleph train: no field given: run {chosen} continues with its recorded config "
           f"({path})", flush=True)
-    return {k: v for k, v in saved.items()
-            if k not in (*SECRET_FIELDS, *RETIRED, "format_version", "arm", "seed", "preset")}
+    skip = {*SECRET_FIELDS, *RETIRED, "format_version", "arm", "seed", "preset"}
+    sync_to = saved.get("sync_to")
+    if isinstance(sync_to, str) and (src := foreign_sync_to(path.parent, sync_to)):
+        skip.add("sync_to")  # chosen by whoever wrote the destination it was pulled from
+        print(f"aleph train: run {chosen} was pulled from {src}; the sync_to its config came "
+              f"with ({sync_to}) is not used (give --set sync_to={sync_to} to push there)",
+              flush=True)
+    return {k: v for k, v in saved.items() if k not in skip}

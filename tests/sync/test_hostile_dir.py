@@ -286,3 +286,37 @@ def test_a_pull_never_writes_into_a_run_directory_you_have(tmp_path, planted):
         pull(DirDestination(bucket), tmp_path / "work")
     assert "nothing was pulled" in str(e.value)
     assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == before
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["foreign", "the-source"])
+def test_a_pulled_config_does_not_choose_where_your_run_is_pushed(tmp_path, monkeypatch, capsys,
+                                                                  own):
+    """The sync_to a pulled config.json came with was written by whoever writes the
+    destination: a bare relaunch does not adopt it and `runs push` without --to refuses it;
+    the source itself (a lost VM resuming from its bucket) stays the run's destination."""
+    from aleph.cli import main
+    from aleph.train.command import _recorded
+
+    bucket, attacker = tmp_path / "bucket", tmp_path / "attacker"
+    bucket.mkdir()
+    attacker.mkdir()
+    run_dir = small_run(tmp_path / "work")
+    sync_to = str(bucket if own else attacker)
+    atomic_write_json(run_dir / "config.json", {"format_version": 1, "arm": "a2_dense", "seed": 9,
+                                                "preset": "smoke", "sync_to": sync_to})
+    push(run_dir, DirDestination(bucket))
+    work = tmp_path / "pulled"
+    pull(DirDestination(bucket), work)
+    monkeypatch.setenv("ALEPH_WORK", str(work))
+    fields = _recorded("smoke", "a2_dense", 9, None)
+    out = capsys.readouterr().out
+    assert (fields.get("sync_to") == sync_to) is own
+    assert (f"was pulled from {bucket}; the sync_to its config came with ({sync_to}) is not "
+            "used" in out) is not own
+    rc = main(["runs", "push", "smoke/a2_dense-s9"])
+    err = capsys.readouterr().err
+    assert rc == (0 if own else 2), err
+    if not own:
+        assert f"pulled from {bucket}; the sync_to its config.json came with ({sync_to}) was " \
+               "chosen there" in err and err.count("\n") == 1
+    assert list(attacker.iterdir()) == []
