@@ -256,10 +256,18 @@ class CaptionSource:
         if self._ds is None:
             import datasets
 
+            from aleph._hub import HubAnswerRefused, guard_hub
+
+            guard_hub()  # a mirror's ETag or commit never becomes a path unchecked
             cache = self.cache_dir if self.cache_dir is not None else work_root() / "cache" / "hf"
             try:
                 ds = datasets.load_dataset(self.name, split=self.split, cache_dir=str(cache))
             except Exception as e:  # offline, unknown id, bad split: datasets raises many types
+                cause: BaseException | None = e
+                while cause is not None and not isinstance(cause, HubAnswerRefused):
+                    cause = cause.__cause__ or cause.__context__
+                if cause is not None:
+                    raise DataError(f"captions dataset {self.name!r}: {cause}") from None
                 raise DataError(
                     f"cannot load captions dataset {self.name!r} (split {self.split!r}; not a local "
                     f"file, so taken as a Hugging Face dataset id: needs network access or a copy in "
