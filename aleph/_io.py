@@ -214,15 +214,16 @@ def file_kind(mode: int) -> str:
 
 
 class NotRegularFile(OSError):
-    """An input that is not a regular file (EINVAL); `kind` says what it is ('a FIFO', ...)."""
+    """An input that is not a regular file (EINVAL); `kind` says what it is ('a FIFO', ...,
+    or 'a file with 2 hard links' where one name of our own was expected)."""
 
-    def __init__(self, path: str | os.PathLike, mode: int) -> None:
-        self.mode, self.kind = mode, file_kind(mode)
+    def __init__(self, path: str | os.PathLike, mode: int, kind: str | None = None) -> None:
+        self.mode, self.kind = mode, kind or file_kind(mode)
         super().__init__(errno.EINVAL, f"not a regular file ({self.kind}): expected a regular "
                          "file", str(path))
 
     def __reduce__(self):  # OSError's would rebuild it from (errno, strerror, filename)
-        return NotRegularFile, (self.filename, self.mode)
+        return NotRegularFile, (self.filename, self.mode, self.kind)
 
 
 def natural_key(name: str) -> list:
@@ -265,9 +266,9 @@ def open_regular(path: str | os.PathLike, *, follow: bool = True) -> int:
 def open_write_nofollow(path: str | os.PathLike, *, append: bool = False,
                         truncate: bool = False, mode: int = 0o666) -> int:
     """A read-write fd of the regular file `path`, created if missing (`mode` less the
-    umask): never through a symbolic link (O_NOFOLLOW), never blocking on a FIFO
-    (O_NONBLOCK), checked by `_regular_fd`; appending when `append`, emptied when
-    `truncate`, which happens only after the check."""
+    umask): never through a symbolic link (O_NOFOLLOW) or a hard link of another name, never
+    blocking on a FIFO (O_NONBLOCK), checked by `_regular_fd`; appending when `append`,
+    emptied when `truncate`, which happens only after the check."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = _regular_fd(os.open(path, flags | (os.O_APPEND if append else 0), mode), path)
@@ -275,6 +276,9 @@ def open_write_nofollow(path: str | os.PathLike, *, append: bool = False,
         if e.errno == errno.ELOOP:
             raise NotRegularFile(path, stat.S_IFLNK) from None
         raise
+    if (links := os.fstat(fd).st_nlink) > 1:  # a planted hard link: its other name is not ours
+        os.close(fd)
+        raise NotRegularFile(path, stat.S_IFREG, f"a file with {links} hard links")
     if truncate:
         os.ftruncate(fd, 0)
     return fd

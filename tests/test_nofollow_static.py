@@ -98,6 +98,12 @@ def write_opens(source: str) -> list[tuple[int, str, bool]]:
                 kept = "x" in mode
         elif name in ("write_text", "write_bytes"):
             kept = False
+        elif name in ("memmap", "open_memmap"):  # numpy opens a path it is given itself
+            mode = _mode(node, 2 if name == "memmap" else 1)
+            if mode is None and name == "memmap":
+                mode = "r+"  # numpy's default
+            if mode is not None and (mode == "?" or set(mode) & WRITE_MODE):
+                kept = False
         if kept is None:
             continue
         above = lines[node.lineno - 2] if node.lineno > 1 else ""
@@ -118,10 +124,12 @@ def test_the_rule_itself_tells_the_cases_apart():
         "State.open(d / 'state.json', spec)",
         "def f(p):\n    flags = os.O_RDWR | os.O_NOFOLLOW\n    return os.open(p, flags | x)",
         "def g(p):\n    flags = os.O_RDWR\n    return os.open(p, flags)",
+        "np.lib.format.open_memmap(p, mode='w+')", "np.memmap(p, mode='r')", "np.memmap(p)",
     ])
     got = sorted((line, kept) for line, _, kept in write_opens(src))
     assert got == [(1, False), (4, False), (5, True), (6, False), (8, False), (10, False),
-                   (11, True), (12, True), (15, True), (16, False), (20, True), (23, False)]
+                   (11, True), (12, True), (15, True), (16, False), (20, True), (23, False),
+                   (24, False), (26, False)]
 
 
 def test_no_file_under_aleph_is_opened_for_writing_through_a_link():

@@ -189,13 +189,16 @@ def open_partial(part: Path, resume: bool) -> int:
 
 
 def partial_size(part: Path) -> int:
-    """Bytes of the partial file (0 when missing), by lstat: a link or FIFO is refused."""
+    """Bytes of the partial file (0 when missing), by lstat: a link (symbolic or hard) or
+    a FIFO is refused."""
     try:
         st = os.lstat(part)
     except FileNotFoundError:
         return 0
     if not stat.S_ISREG(st.st_mode):
         raise _not_ours(part, file_kind(st.st_mode))
+    if st.st_nlink > 1:  # a hard link: writing it would write the file's other name
+        raise _not_ours(part, f"a file with {st.st_nlink} hard links")
     return st.st_size
 
 

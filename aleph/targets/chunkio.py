@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -75,6 +75,10 @@ def _safetensors_header(rows: int, dim: int) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode)
+
+
 class ChunkWriter:
     """One fp16 output chunk of rows x dim, written block by block, published atomically."""
 
@@ -85,17 +89,20 @@ class ChunkWriter:
             raise StoreError(f"{path}: unknown chunk type {self.suffix!r} (expected one of {SUFFIXES})")
         head, name = os.path.split(path)
         self.partial = os.path.join(head, f".{name}.partial")
-        if self.suffix == ".npy":
-            self._mm = np.lib.format.open_memmap(self.partial, mode="w+", dtype="<f2",
-                                                 shape=(rows, dim))
-            return
-        head = _safetensors_header(rows, dim) if self.suffix == ".safetensors" else b""
-        with os.fdopen(open_write_nofollow(self.partial, truncate=True), "wb") as f:
-            f.write(head)
-            f.truncate(len(head) + rows * dim * 2)
+        # Opened once, never through a link, and mapped from that descriptor (numpy's own
+        # open_memmap would open the path again, following a link planted there).
         # .pt: the rows go to this raw file first, then torch.save streams them out of it
-        self._mm = np.memmap(self.partial, dtype="<f2", mode="r+", offset=len(head),
-                             shape=(rows, dim))
+        self._file = f = os.fdopen(open_write_nofollow(self.partial, truncate=True), "w+b")
+        if self.suffix == ".npy":
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": "<f2", "fortran_order": False, "shape": (rows, dim)})
+        elif self.suffix == ".safetensors":
+            f.write(_safetensors_header(rows, dim))
+        head = f.tell()
+        f.truncate(head + rows * dim * 2)
+        self._ours = _identity(os.fstat(f.fileno()))
+        # nofollow-ok: maps the open descriptor f (checked above), not a path
+        self._mm = np.memmap(f, dtype="<f2", mode="r+", offset=head, shape=(rows, dim))
 
     def write(self, rows, block: torch.Tensor) -> None:
         """Rows `rows` (a slice, list or array of n positions) from a (n, dim) tensor, as fp16."""
@@ -105,26 +112,29 @@ class ChunkWriter:
         """Drop the unfinished chunk: its partial file (this writer's own) is removed; a
         chunk `commit` already renamed into place stays (it is complete)."""
         self.__dict__.pop("_mm", None)  # commit may have unmapped it already
-        Path(self.partial).unlink(missing_ok=True)
+        self._file.close()
+        with contextlib.suppress(FileNotFoundError):  # ours only, not a file put in its place
+            if _identity(os.lstat(self.partial)) == self._ours:
+                os.unlink(self.partial)
 
     def commit(self) -> None:
         """fsync the rows and rename the chunk into place (then fsync the directory)."""
         self._mm.flush()
-        src = self.partial
+        os.fsync(self._file.fileno())
+        src, ours = self.partial, self._ours
         if self.suffix == ".pt":
             src = self.partial + ".save"  # no chunk suffix: never listed as a chunk
             with os.fdopen(open_write_nofollow(src, truncate=True), "wb") as f:
                 torch.save(torch.from_numpy(self._mm), f)  # reads the mapped pages, no copy
                 f.flush()
                 os.fsync(f.fileno())
-        else:
-            fd = os.open(src, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                ours = _identity(os.fstat(f.fileno()))
         del self._mm
+        self._file.close()
+        if _identity(os.lstat(src)) != ours:  # swapped for another file or a link
+            raise StoreError(f"{src}: replaced by something else while this command wrote it; "
+                             f"not published as {self.path}")
         os.replace(src, self.path)
         if src != self.partial:
-            os.unlink(self.partial)
+            self.discard()
         fsync_dir(os.path.dirname(self.path) or ".")

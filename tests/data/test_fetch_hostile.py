@@ -63,16 +63,20 @@ def _victim(tmp_path):
     return victim
 
 
-def test_a_symlinked_partial_is_refused_and_its_target_untouched(hub, tmp_path):
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_a_linked_partial_is_refused_and_its_target_untouched(hub, tmp_path, link):
+    """A hard link needs no O_NOFOLLOW to write through: its other name is the victim."""
     dest, victim = tmp_path / "e1", _victim(tmp_path)
     (dest / ".fetch").mkdir(parents=True)
-    (dest / ".fetch" / PART).symlink_to(victim)
+    (os.symlink if link == "symbolic" else os.link)(victim, dest / ".fetch" / PART)
     r, _, _ = fetch(hub, dest, tmp_path)
     line = _one_line(r)
     print(line)
-    assert f"partial download {dest / '.fetch' / PART} is a symbolic link" in line
+    kind = "a symbolic link" if link == "symbolic" else "a file with 2 hard links"
+    assert f"partial download {dest / '.fetch' / PART} is {kind}" in line
     assert victim.read_bytes() == b"the user's own file\n"  # bytes and size unchanged
-    assert (dest / ".fetch" / PART).is_symlink()  # not ours: left as it is
+    assert (dest / ".fetch" / PART).is_symlink() == (link == "symbolic")  # not ours: left
+    assert os.stat(victim).st_nlink == (2 if link == "hard" else 1)
     assert not any(m == "GET" and "/resolve/" in p for m, p, _ in hub.requests)  # refused before any transfer
 
 

@@ -48,3 +48,40 @@ def test_fail_on_nonfinite_refuses_a_cached_store_that_recorded_nan_rows(tmp_pat
     assert "the cached target store holds 1 row(s) with NaN/Inf" in line
     assert "store rows [5]" in line and "chunk_0.npy" in line
     assert (store / "manifest.json").is_file()  # the cached store itself is left as it was
+
+
+@pytest.mark.parametrize("plant", ["symlink", "hardlink"])
+@pytest.mark.parametrize("suffix", [".npy", ".safetensors", ".pt"])
+def test_a_chunk_is_never_written_through_a_link_planted_at_its_partial(tmp_path, plant, suffix):
+    """Whoever can write OUT (a shared extraction directory) plants `.NAME.partial` before a
+    resume: the writer refuses it, the file the link names is left as it was."""
+    import torch
+
+    from aleph._io import NotRegularFile
+    from aleph.errors import StoreError
+    from aleph.targets.chunkio import ChunkWriter
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious data")
+    out = tmp_path / "out"
+    out.mkdir()
+    partial = out / f".chunk_00001{suffix}.partial"
+    (os.symlink if plant == "symlink" else os.link)(victim, partial)
+    with pytest.raises(NotRegularFile, match="a symbolic link|a file with 2 hard links"):
+        ChunkWriter(str(out / f"chunk_00001{suffix}"), 4, 3)
+    assert victim.read_text() == "precious data" and not (out / f"chunk_00001{suffix}").exists()
+    partial.unlink()
+    w = ChunkWriter(str(out / f"chunk_00001{suffix}"), 4, 3)  # swapped while being written
+    w.write(slice(0, 4), torch.ones(4, 3))
+    partial.unlink()
+    os.symlink(victim, partial)
+    if suffix == ".pt":  # published from its own .save file, written from the mapped rows
+        w.commit()
+        assert torch.load(out / "chunk_00001.pt", weights_only=True).sum() == 12
+    else:
+        with pytest.raises(StoreError, match="replaced by something else while this command "
+                                             "wrote it; not published"):
+            w.commit()
+        w.discard()
+        assert not (out / f"chunk_00001{suffix}").exists()
+    assert victim.read_text() == "precious data" and partial.is_symlink()  # not ours: left
