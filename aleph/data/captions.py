@@ -147,11 +147,17 @@ class CaptionSource:
     def sha256(self, rows: int = BATCH_ROWS, progress=None) -> str:
         """The captions' content hash (`aleph.data.tokens.captions_sha256`), streamed;
         parquet and hub datasets from their Arrow buffers (no Python strings).
-        `progress(rows hashed so far)` is called after each batch."""
+        `progress(rows hashed so far)` is called after each batch. The rows hashed are the
+        source's row count from now on; a count taken before (a parquet footer) must agree."""
         h = CaptionsHasher()
         for _ in self._hash_into(h, rows):
             if progress is not None:
                 progress(h.rows)
+        if self._rows is not None and self._rows != h.rows:
+            raise DataError(f"captions {self._where()}: {h.rows:,} rows read but {self._rows:,} "
+                            "counted before reading (a footer that overstates its rows, or "
+                            "changed while being read?)")
+        self._rows = h.rows
         return h.hexdigest()
 
     def _hash_into(self, h: CaptionsHasher, rows: int) -> Iterator[None]:

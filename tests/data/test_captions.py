@@ -103,3 +103,44 @@ def test_parquet_with_damaged_pages_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match=r"c\.parquet: column 'caption' is not readable") as e:
         load_captions(p)
     assert "\n" not in str(e.value)
+
+
+def _lying_parquet(path, captions, claimed: int) -> None:
+    """A parquet of `captions` whose footer (file and row group) says `claimed` rows."""
+    import struct
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def zigzag(n: int) -> bytes:
+        n, out = (n << 1) ^ (n >> 63), b""
+        while n >= 0x80:
+            out, n = out + bytes([(n & 0x7F) | 0x80]), n >> 7
+        return out + bytes([n])
+
+    pq.write_table(pa.table({"caption": captions}), path, compression="none")
+    data = bytearray(path.read_bytes())
+    start = len(data) - 8 - struct.unpack("<I", data[-8:-4])[0]
+    old, new = b"\x16" + zigzag(len(captions)), b"\x16" + zigzag(claimed)
+    assert len(old) == len(new)
+    data[start:-8] = bytes(data[start:-8]).replace(old, new)
+    path.write_bytes(bytes(data))
+
+
+def test_a_parquet_footer_that_overstates_its_rows_is_refused_by_the_hash_pass(tmp_path):
+    """The launch's row check must not trust a footer the hash pass saw lie: 4,095 captions
+    counted as 4,096 passed against 4,096 targets and failed only after the run existed."""
+    from aleph.data.captions import open_captions
+    from aleph.errors import DataError
+
+    path = tmp_path / "lie.parquet"
+    _lying_parquet(path, [f"caption {i}" for i in range(95)], 96)
+    src = open_captions(str(path))
+    assert src.count_rows() == 96  # the footer
+    with pytest.raises(DataError, match=r"column 'caption': 95 rows read but 96 counted before "
+                                        r"reading \(a footer that overstates its rows"):
+        src.sha256()
+    _lying_parquet(tmp_path / "ok.parquet", [f"caption {i}" for i in range(95)], 95)
+    honest = open_captions(str(tmp_path / "ok.parquet"))
+    honest.sha256()  # no count taken before: the rows hashed become the count
+    assert honest.count_rows() == 95
