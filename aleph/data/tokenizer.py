@@ -15,6 +15,7 @@ from aleph.data.bundle import TOKENIZER_PINS, fetch_hint, save_pretrained_atomic
 from aleph.errors import DataError
 
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+_PROBE_TEXT = "a caption \u2603 \u2042 \U0001d51e \u00e9t\u00e9"  # characters few vocabularies hold
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] = 0, as ModelConfig.pad_id
 
 
@@ -82,6 +83,15 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
         raise DataError(f"cannot load tokenizer {name!r}{hint}: {type(e).__name__}: {first}") from e
     if not getattr(tok, "is_fast", False):
         raise DataError(f"tokenizer {name!r} is not a fast (tokenizers-backed) tokenizer")
+    if len(tok) <= len(set(tok.all_special_tokens)):  # e.g. tokenizer_config.json alone
+        raise DataError(f"tokenizer {name!r}: its vocabulary holds only its {len(tok)} special "
+                        "tokens; expected a saved tokenizer (tokenizer.json or vocab.txt)")
+    try:  # a WordPiece without [UNK] fails on the first unknown character, mid-build
+        tok(_PROBE_TEXT)
+    except Exception as e:
+        first = " ".join(str(e).split())[:200] or type(e).__name__
+        raise DataError(f"tokenizer {name!r}: cannot encode text ({first}); expected one that "
+                        "encodes any caption (an unknown-token entry in its vocabulary)") from None
     return tok
 
 

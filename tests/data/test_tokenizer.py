@@ -1,3 +1,4 @@
+import json
 import shutil
 
 import pytest
@@ -87,3 +88,38 @@ def test_tokenizer_threads_follow_the_cgroup_quota_not_the_host(tmp_path, monkey
     assert os.environ["RAYON_NUM_THREADS"] == "17"
     monkeypatch.setenv("RAYON_NUM_THREADS", "3")  # a user's own setting wins
     assert tk.configure_threads() == "tokenizer threads: 3 (RAYON_NUM_THREADS, as set)"
+
+
+def _copy_without_unk(src, dst) -> None:
+    """The saved tokenizer with its [UNK] renamed away (vocabulary, added tokens, config)."""
+    dst.mkdir()
+    t = json.loads((src / "tokenizer.json").read_text())
+    vocab = t["model"]["vocab"]
+    vocab["[UXK]"] = vocab.pop("[UNK]")
+    t["added_tokens"] = [a for a in t["added_tokens"] if a["content"] != "[UNK]"]
+    (dst / "tokenizer.json").write_text(json.dumps(t))
+    c = json.loads((src / "tokenizer_config.json").read_text())
+    c.pop("unk_token", None)
+    c["added_tokens_decoder"] = {k: v for k, v in c.get("added_tokens_decoder", {}).items()
+                                 if v["content"] != "[UNK]"}
+    (dst / "tokenizer_config.json").write_text(json.dumps(c))
+
+
+def test_a_tokenizer_that_cannot_encode_every_caption_is_refused_when_loaded(tmp_path):
+    """A vocabulary without [UNK] fails on the first unknown character, mid token-store build
+    (a traceback after the run directory existed); a directory holding only its
+    tokenizer_config.json loads as the 5 specials and trains on all-[UNK] input."""
+    import shutil
+
+    from aleph.data.tokenizer import load_tokenizer, train_wordpiece
+
+    train_wordpiece(["a red cat sits on the mat"] * 3, tmp_path / "tok")
+    assert len(load_tokenizer(tmp_path / "tok")) > 5
+    _copy_without_unk(tmp_path / "tok", tmp_path / "nounk")
+    with pytest.raises(DataError, match=r"nounk': cannot encode text \(.*\); expected one that "
+                                        r"encodes any caption"):
+        load_tokenizer(tmp_path / "nounk")
+    (tmp_path / "cfg").mkdir()
+    shutil.copy(tmp_path / "tok" / "tokenizer_config.json", tmp_path / "cfg")
+    with pytest.raises(DataError, match=r"cfg': its vocabulary holds only its 5 special tokens"):
+        load_tokenizer(tmp_path / "cfg")
