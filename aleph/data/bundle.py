@@ -28,8 +28,11 @@ from aleph._io import (
     atomic_write_text,
     check_record,
     fsync_dir,
+    read_chunked,
     read_json_record,
+    sha256_bytes,
     sha256_file,
+    short_repr,
     work_root,
 )
 from aleph.errors import DataError
@@ -38,6 +41,7 @@ FORMAT = "aleph-offline-bundle"
 VERSION = 1
 MANIFEST = "bundle.json"
 MANIFEST_MAX_BYTES = 16 << 20  # names, revisions and hashes of a few tokenizers and tasks
+STS_MAX_BYTES = 256 << 20  # an STS task's pairs (STS-B's test split is about 0.5 MB)
 # Hub tokenizers pinned to a commit: bert-base-uncased's main-branch snapshot as seen in
 # public caches and scripts since 2024 (E1-FACTS.md, "Pins for evaluation"; not re-checked
 # against the hub from here: a wrong pin fails the download loudly, never silently).
@@ -171,15 +175,22 @@ def sts_file(task: str, dataset: str, revision: str, root: Path | None = None) -
     if man is None or task not in man["sts"]:
         return None
     entry = man["sts"][task]
+    if not isinstance(entry, dict):
+        raise DataError(f"{root / MANIFEST}: STS task {task!r}: {short_repr(entry, 80)}, expected "
+                        "an object; re-run `aleph data fetch`")
     if (entry.get("dataset"), entry.get("revision")) != (dataset, revision):
         raise DataError(
             f"{root / MANIFEST}: STS task {task!r} was fetched from {entry.get('dataset')}@"
             f"{str(entry.get('revision'))[:12]}, this code pins {dataset}@{revision[:12]}; "
             "re-run `aleph data fetch` on a machine with network and copy the bundle again")
-    path = root / str(entry.get("file", f"sts/{task}.jsonl"))
-    if not path.is_file() or sha256_file(path) != entry.get("sha256"):
-        raise DataError(f"{path}: missing or its sha256 differs from {root / MANIFEST}; "
-                        "copy the bundle again")
+    path = root / "sts" / f"{task}.jsonl"  # the name fetch writes; the entry's `file` not followed
+    try:  # a bundle copied from elsewhere: a regular file, no link, bounded
+        same = sha256_bytes(read_chunked(path, STS_MAX_BYTES)) == entry.get("sha256")
+    except OSError:
+        same = False
+    if not same:
+        raise DataError(f"{path}: missing or its sha256 differs from {root / MANIFEST} (or "
+                        "not a regular file); copy the bundle again")
     return path
 
 

@@ -3,6 +3,7 @@ gone, the tokenizer and the 8 STS tasks load from it and equal what the hub gave
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,26 @@ def test_a_hostile_manifest_is_one_line(tmp_path):
     (tmp_path / MANIFEST).symlink_to(tmp_path / "elsewhere.json")
     with pytest.raises(DataError, match=r"bundle.json: not a regular file \(a symbolic link\)"):
         read_manifest(tmp_path)
+
+
+def test_a_copied_bundle_names_no_file_outside_it_and_no_entry_of_another_type(work, hub):
+    """bundle.json comes with a copied bundle: an STS entry that is not an object is one line,
+    and its `file` never leads outside (the file read is sts/<task>.jsonl, no link followed)."""
+    assert main(["data", "fetch", "--tasks", "biosses,sickr"]) == 0
+    bundle = work / "data" / "offline"
+    hub["online"] = False
+    man_path = bundle / "bundle.json"
+    man = json.loads(man_path.read_text())
+    outside = work / "outside.jsonl"
+    os.replace(bundle / "sts" / "biosses.jsonl", outside)
+    man["sts"]["biosses"]["file"] = str(outside)  # its sha256 still matches the moved file
+    man["sts"]["sickr"] = "oops"
+    man_path.write_text(json.dumps(man))
+    with pytest.raises(DataError, match=r"biosses\.jsonl: missing or its sha256 differs"):
+        tasks.load_task("biosses")
+    os.symlink(outside, bundle / "sts" / "biosses.jsonl")
+    with pytest.raises(DataError, match=r"biosses\.jsonl: missing or its sha256 differs .*not a "
+                                        r"regular file"):
+        tasks.load_task("biosses")
+    with pytest.raises(DataError, match=r"STS task 'sickr': 'oops', expected an object"):
+        tasks.load_task("sickr")
