@@ -14,6 +14,7 @@ import signal
 import threading
 from collections.abc import Callable
 
+from aleph._io import console
 from aleph.errors import EXIT_STOPPED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -111,14 +112,14 @@ def run_until_stop(command: str, body: Callable[[], int | str], kept: Callable[[
     except StopRequested as e:
         if done is None:  # not raised between body's return and the switch: it is done
             again_line = shlex.join(["aleph", *again()])
-            print(f"aleph {command}: {kept(e.signame)}; resume with: {again_line}", flush=True)
+            console(f"aleph {command}: {kept(e.signame)}; resume with: {again_line}")
             ignore_stops()  # not restore(): Python's exit would reset them to the default (death)
             return EXIT_STOPPED
     except BaseException:
         stop.restore()
         raise
     if isinstance(done, str):
-        print(done, flush=True)
+        console(done)
     if stop.is_set():  # a stop came: the process is ending, as after a stop
         ignore_stops()
     else:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from aleph._io import open_write_nofollow
+from aleph._io import console, open_write_nofollow
 from aleph._signals import STOP_SIGNALS
 from aleph.campaign import procs, rundirs
 from aleph.campaign.spec import Device, Spec
@@ -78,11 +78,11 @@ class Campaign:
     # --- output -------------------------------------------------------------------------
     def say(self, message: str) -> None:
         line = f"[campaign {self.spec.name}] {utc_now()} {message}"
-        print(line, file=self.out, flush=True)
         self.dir.mkdir(parents=True, exist_ok=True)
         with os.fdopen(open_write_nofollow(self.dir / "campaign.log", append=True), "a",
                        encoding="utf-8") as f:
             f.write(line + "\n")
+        console(line, self.out)  # a closed pipe or hung-up terminal never stops the campaign
 
     # --- entry point --------------------------------------------------------------------
     @contextlib.contextmanager

@@ -31,8 +31,9 @@ SLURM_DIR = "slurm"
 TABLE = "train.table"
 LOG = "aleph-slurm:"  # prefix of every line the scripts print themselves
 # What a path may hold to be written into #SBATCH lines (unquotable: a newline ends the
-# line, a space splits it, % is sbatch's pattern) and into the scripts' echo strings.
-_SCRIPT_PATH_RE = re.compile(r"/[A-Za-z0-9._+@,=:/-]*")
+# line, a space splits it, % is sbatch's pattern), into the scripts' echo strings and into
+# pyxis's --container-mounts=SRC:DST,... (a ':' or ',' would split it).
+_SCRIPT_PATH_RE = re.compile(r"/[A-Za-z0-9._+@=/-]*")
 _FREE_PORT = 'import socket; s = socket.socket(); s.bind(("0.0.0.0", 0)); print(s.getsockname()[1])'
 
 
@@ -79,8 +80,8 @@ class Layout:
         if not _SCRIPT_PATH_RE.fullmatch(str(self.work)):
             raise ConfigError(f"work root (ALEPH_WORK) {str(self.work)!r}: the Slurm scripts "
                               "write it into #SBATCH lines and shell commands; expected an "
-                              "absolute path of letters, digits and . _ + @ , = : - / only (no "
-                              "space, quote, $, `, %, \\ or newline): set ALEPH_WORK to such "
+                              "absolute path of letters, digits and . _ + @ = - / only (no space, "
+                              "quote, $, `, %, :, comma, \\ or newline): set ALEPH_WORK to such "
                               "a path (a symbolic link to the work root will do)")
 
     def dir(self, spec: Spec) -> Path:

@@ -16,6 +16,7 @@ import pkgutil
 import sys
 
 from aleph import __version__
+from aleph._io import console
 from aleph._signals import hold_early
 from aleph.errors import AlephError, PeerLost
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except (AlephError, PeerLost) as e:  # PeerLost: a rank stopped answering, exit 1
-        print(f"aleph {args.command}: error: {e}", file=sys.stderr)
+        console(f"aleph {args.command}: error: {e}", sys.stderr)
         return getattr(e, "exit_code", 1)
     except KeyboardInterrupt:
         return 130
@@ -64,6 +65,6 @@ def main(argv: list[str] | None = None) -> int:
         # is a user-facing condition; name it in one line instead of a traceback.
         where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
         what = e.strerror or str(e) or type(e).__name__
-        print(f"aleph {args.command}: error: {where + ': ' if where else ''}{what}", file=sys.stderr)
+        console(f"aleph {args.command}: error: {where + ': ' if where else ''}{what}", sys.stderr)
         return AlephError.exit_code
     return 0 if rc is None else int(rc)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from aleph._io import RUNS_DIR, open_write_nofollow, work_root
+from aleph._io import RUNS_DIR, console, open_write_nofollow, work_root
 from aleph.errors import ConfigError, DataError, RunLocked
 from aleph.record.layout import RunLayout
 
@@ -164,8 +164,8 @@ class LaunchLog:
             for line in str(message).splitlines() or [""]:
                 text = f"[{self.tag}] {utc_now()} {line}"
                 self._f.write(text + "\n")
-                if self._echo is not None:
-                    print(text, file=self._echo, flush=True)
+                if self._echo is not None and not console(text, self._echo):
+                    self._echo = None  # the console went away: the log file keeps every line
 
     def close(self) -> None:
         self._f.flush()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from aleph._io import atomic_write_json, read_json
+from aleph._io import atomic_write_json, console, read_json
 from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
@@ -51,9 +51,9 @@ def train(cfg: TrainConfig, tracer: Tracer | None = None, name: str | None = Non
         stop.set_mode("interrupt")  # a stop held since the imports (hold_early) raises here
         return _locked_launch(cfg, tracer, run_dir, name, again, stop)
     except StopRequested as e:
-        print(f"aleph train: stopped by {e.signame} before the launch was recorded (while "
-              f"checking the inputs or taking the run lock); nothing was written; run the same "
-              f"command again to start it", flush=True)
+        console(f"aleph train: stopped by {e.signame} before the launch was recorded (while "
+                f"checking the inputs or taking the run lock); nothing was written; run the "
+                f"same command again to start it")
         return EXIT_STOPPED
     finally:
         stop.restore()  # last: a signal during the shutdown above is still one stop
@@ -73,8 +73,8 @@ def _locked_launch(cfg: TrainConfig, tracer: Tracer, run_dir: Path, name: str | 
     try:
         check_divisible(cfg.batch_size, world)  # before the lock: a refusal writes nothing
         if world.is_main:
-            print(f"aleph train: run {run_ref(run_dir)} in {run_dir}; checking the inputs first "
-                  "(nothing is written until they pass)", flush=True)
+            console(f"aleph train: run {run_ref(run_dir)} in {run_dir}; checking the inputs "
+                    "first (nothing is written until they pass)")
         inputs = _checked_inputs(cfg, world, stop)  # before the run directory exists
         preflight.check_e1_device(cfg, wants_cuda)  # so is this refusal: no trace
         lock = RunLock(run_dir)
@@ -94,7 +94,7 @@ def _checked_inputs(cfg: TrainConfig, world: World, stop: StopFlag) -> preflight
     """Rank 0 checks the inputs (preflight.check_inputs); every rank gets its sources or
     raises rank 0's refusal, so all ranks stop alike and nothing has been written."""
     def waiting(line: str) -> None:
-        print(f"aleph train: rank {world.rank}: {line}", flush=True)
+        console(f"aleph train: rank {world.rank}: {line}")
 
     def check() -> preflight.Inputs:
         preflight_pause("inputs", _console, stop)
@@ -106,7 +106,7 @@ def _checked_inputs(cfg: TrainConfig, world: World, stop: StopFlag) -> preflight
 
 def _console(line: str) -> None:
     """A preflight line before the launch log exists (rank 0's console only)."""
-    print(f"aleph train: {line}", flush=True)
+    console(f"aleph train: {line}")
 
 
 def _lock_and_name(lock: RunLock, world: World) -> str:

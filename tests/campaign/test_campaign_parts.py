@@ -367,3 +367,17 @@ def test_a_stopped_campaign_does_not_wait_for_a_launch_on_another_host(work):
         lock.release()
     assert "runs on otherhost, where this campaign cannot signal it" in c2.out.getvalue()
     assert c2.state.run("a2_dense-s0")["status"] == "running"
+
+
+def test_a_console_that_went_away_does_not_stop_the_campaign_saying_things(work):
+    """`aleph campaign | tee` and Ctrl-C (tee dies) or an ssh hangup: its first line after
+    that failed with EPIPE/EIO before the stop was forwarded to the trainers."""
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone: every write gets EPIPE
+    out = os.fdopen(w, "w")
+    spec = _spec()
+    c = Campaign(spec, resolve_configs(spec), [Device("cpu0", "cpu", "")], out=out)
+    c.say("SIGINT: stopping")  # no BrokenPipeError
+    c.say("a2_dense-s0: SIGTERM sent to pid 1")
+    assert "SIGTERM sent to pid 1" in (c.dir / "campaign.log").read_text()
+    out.close()  # its descriptor now points at /dev/null: closing flushes nowhere, no error

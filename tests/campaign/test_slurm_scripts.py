@@ -223,7 +223,8 @@ def test_status_reads_run_directories_and_finish_only_reports(campaign_work, cap
     assert (work / "campaigns" / "st" / "report").is_dir()
 
 
-@pytest.mark.parametrize("name", ["a b", "x$(touch pwned)", "q\"uote", "nl\ntouch pwned #", "p%j"])
+@pytest.mark.parametrize("name", ["a b", "x$(touch pwned)", "q\"uote", "nl\ntouch pwned #", "p%j",
+                                  "mount,split:x"])
 def test_a_work_root_the_scripts_cannot_hold_safely_is_refused_before_anything_is_written(
         tmp_path, capsys, monkeypatch, no_sinfo, name):
     """The work root lands in #SBATCH lines (no quoting there: a newline ends the line and the

@@ -128,3 +128,21 @@ def test_a_stop_before_the_stopflag_is_held_for_it_and_only_for_stoppable_comman
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def test_a_console_that_went_away_does_not_change_how_a_stop_ends(train_work):
+    """`aleph train | tee log` and Ctrl-C: tee dies too, so every later console write fails
+    (EPIPE; a hung-up ssh terminal gives EIO): the stop is still saved, recorded and exit 76,
+    and the launch log keeps the lines the console lost."""
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s10"
+    proc = start_train(train_work, train_cmd("a2_dense", 10, "max_steps=6"),
+                       ALEPH_TRAIN_PAUSE_AFTER_STEP="3")
+    log = wait_for_log(run_dir, "paused after step 3", proc)
+    proc.stdout.close()  # the pipe's reader is gone
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == EXIT_STOPPED
+    [launch] = _launches(run_dir)
+    assert (launch["status"], launch["exit_status"]) == ("stopped", EXIT_STOPPED)
+    text = log.read_text()
+    assert "stopped by SIGINT" in text and "resume state saved: checkpoints/step-00000003" in text
+    assert "Error" not in text.split("paused after step 3", 1)[1]
