@@ -35,6 +35,7 @@ KEEP = 2
 """Snapshots kept per run: the newest, and the one a pull that started just before it reads."""
 _OBJECT, _SUB = re.compile(r"[0-9a-f]{64}"), re.compile(r"[0-9a-f]{2}")
 _INDEX = re.compile(r"[0-9]{8}\.json")
+_LAST_INDEX = 99_999_999  # the largest number _INDEX names
 _TMP = re.compile(r"\.tmp-[a-z0-9_]{8}")  # _put's mkstemp names
 _INDEX_TMP = re.compile(r"\.[0-9]{8}\.json\.[a-z0-9_]{8}\.tmp")  # atomic_write_bytes' names
 _NFS = re.compile(r"\.nfs[0-9a-f]+")  # NFS's own: a file removed while open; left alone
@@ -58,8 +59,13 @@ class DirDestination(Destination):
             if fd is None:
                 return []
         found = []
-        # fwalk with follow_symlinks=False lists a linked folder but never enters it
-        for dirpath, dirnames, filenames, _ in os.fwalk(self.root / ix.RUNS_DIR):
+        # fwalk with follow_symlinks=False lists a linked folder but never enters it; a run is
+        # runs/<name> or runs/<preset>/<name>, so nothing deeper is walked (a planted tree of
+        # any depth would recurse without bound)
+        top = self.root / ix.RUNS_DIR
+        for dirpath, dirnames, filenames, _ in os.fwalk(top):
+            if len(Path(dirpath).relative_to(top).parts) >= 2:
+                dirnames[:] = [d for d in dirnames if d == INDEXES]
             if INDEXES in dirnames or INDEXES in filenames:
                 run = ix.check_rel(Path(dirpath).relative_to(self.root).as_posix(),
                                    f"sync destination {self.root}: a run folder")
@@ -119,6 +125,9 @@ class DirDestination(Destination):
                 previous: Snapshot | None, rewrite: frozenset[str] = frozenset()) -> str:
         self._check_root()
         number = (int(previous.revision[1:]) if previous else 0) + 1
+        if number > _LAST_INDEX:  # its name would have 9 digits, which no reader accepts
+            raise SyncError(f"sync destination {self.root}: {run}: snapshot numbers used up "
+                            f"(the newest is {number - 1:08d}.json); push to another destination")
         self._check_objects(run)  # before anything is written
         try:
             for n, item in enumerate(sends, start=1):

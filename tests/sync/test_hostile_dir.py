@@ -320,3 +320,26 @@ def test_a_pulled_config_does_not_choose_where_your_run_is_pushed(tmp_path, monk
         assert f"pulled from {bucket}; the sync_to its config.json came with ({sync_to}) was " \
                "chosen there" in err and err.count("\n") == 1
     assert list(attacker.iterdir()) == []
+
+
+def test_a_deep_planted_tree_and_the_last_index_number_are_one_line_each(pushed, tmp_path):
+    """A folder 1,100 levels deep under runs/ was a RecursionError on `runs pull`; a planted
+    indexes/99999999.json made the next push write a 9-digit name its own reader refuses."""
+    bucket, at = pushed
+    fd = os.open(bucket / "runs", os.O_RDONLY)
+    for _ in range(1100):  # made a level at a time: a path this long is past PATH_MAX
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    [got] = pull(DirDestination(bucket), tmp_path / "pulled")  # the real run, nothing else
+    assert got.run == RUN
+    (at / "indexes" / "99999999.json").write_bytes((at / "indexes" / "00000001.json").read_bytes())
+    before = sorted(p.name for p in (at / "indexes").iterdir())
+    atomic_write_json(tmp_path / "work" / RUN / "metrics.json", {"step": 4, "total_steps": 4})
+    from aleph.sync.index import SyncError
+
+    with pytest.raises(SyncError, match=r"snapshot numbers used up \(the newest is "
+                                        r"99999999\.json\)"):
+        push(tmp_path / "work" / RUN, DirDestination(bucket))
+    assert sorted(p.name for p in (at / "indexes").iterdir()) == before
