@@ -283,8 +283,10 @@ def test_a_pull_never_writes_into_a_run_directory_you_have(tmp_path, planted):
     push(nested, DirDestination(bucket))
     with pytest.raises(SyncError, match="a pull never writes into a run directory|is not a run "
                                         "path") as e:
-        pull(DirDestination(bucket), tmp_path / "work")
+        pull(DirDestination(bucket), tmp_path / "work", run=planted)
     assert "nothing was pulled" in str(e.value)
+    with pytest.raises(SyncError):  # every run: the planted one is refused or not listed
+        pull(DirDestination(bucket), tmp_path / "work")
     assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == before
 
 
@@ -326,13 +328,17 @@ def test_a_deep_planted_tree_and_the_last_index_number_are_one_line_each(pushed,
     """A folder 1,100 levels deep under runs/ was a RecursionError on `runs pull`; a planted
     indexes/99999999.json made the next push write a 9-digit name its own reader refuses."""
     bucket, at = pushed
-    fd = os.open(bucket / "runs", os.O_RDONLY)
-    for _ in range(1100):  # made a level at a time: a path this long is past PATH_MAX
-        os.mkdir("d", dir_fd=fd)
-        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
-        os.close(old)
-    os.close(fd)
-    [got] = pull(DirDestination(bucket), tmp_path / "pulled")  # the real run, nothing else
+    fds = [os.open(bucket / "runs", os.O_RDONLY)]
+    for _ in range(1100):  # a level at a time: a path this long is past PATH_MAX
+        os.mkdir("d", dir_fd=fds[-1])
+        fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+    try:
+        [got] = pull(DirDestination(bucket), tmp_path / "pulled")  # the real run, nothing else
+    finally:  # removed bottom up: pytest's recursive cleanup could not
+        os.close(fds.pop())
+        while len(fds) > 0:
+            os.rmdir("d", dir_fd=fds[-1])
+            os.close(fds.pop())
     assert got.run == RUN
     (at / "indexes" / "99999999.json").write_bytes((at / "indexes" / "00000001.json").read_bytes())
     before = sorted(p.name for p in (at / "indexes").iterdir())

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from aleph._io import sha256_file
+from aleph.record.layout import PULLED
 from aleph.record.layout import SYNC_STATE as STATE_FILE
 from aleph.sync import SyncError, parse_destination, pull, push
 from aleph.sync.dest import PAUSE_ENV
@@ -32,7 +33,7 @@ def synced_part(run_dir: Path) -> dict[str, str]:
     """What a push must carry: everything but the lock, the local record and the older state."""
     newest = sorted((run_dir / "checkpoints").iterdir())[-1].name
     return {k: v for k, v in tree(run_dir).items()
-            if k not in ("run.lock", STATE_FILE)
+            if k not in ("run.lock", STATE_FILE, PULLED)
             and (not k.startswith("checkpoints/") or k.startswith(f"checkpoints/{newest}/"))}
 
 
@@ -61,6 +62,7 @@ def test_roundtrip_sends_only_what_changed_and_restores_byte_identical(run_copy,
     assert (res.revision, res.step, res.path) == ("r2", 12, into / run_path(run_copy))
     restored = tree(res.path)
     assert restored.pop(STATE_FILE)  # the pulled hashes, so the first push re-hashes nothing
+    assert restored.pop(PULLED)  # where it came from (a sync_to it came with is not adopted)
     assert restored == {**expected, "metrics.json": sha256_file(metrics)}
     assert not list(into.glob(".aleph-pull-*"))
 
@@ -156,6 +158,7 @@ def test_push_killed_mid_upload_leaves_the_previous_snapshot_pullable(run_copy, 
     assert "revision r1 (step 12)" in out.stdout
     restored = tree(into / run_path(run_copy))
     restored.pop(STATE_FILE)
+    restored.pop(PULLED)
     assert restored == before
 
     again = aleph(work, "runs", "push", str(run_copy), "--to", str(dest))
