@@ -213,6 +213,11 @@ def _inspect_pt(path: str, size: int) -> tuple[int, int, str, None, str | None]:
                          "(convert with .to_dense() before saving)")
     if name is None or t.dim() != 2:
         raise StoreError(f"{path}: expected a 2-D float16/bfloat16/float32 tensor, found {tuple(t.shape)} {t.dtype}")
+    need, have = t.numel() * t.element_size(), t.untyped_storage().nbytes()
+    if not need <= have <= size:  # zero strides (.expand) claim rows no byte holds: reading allocates them
+        raise StoreError(f"{path}: the tensor's {t.shape[0]} x {t.shape[1]} {name} elements need {need:,} "
+                         f"bytes, its storage holds {have:,} (the file has {size:,}); save a "
+                         "contiguous tensor (.contiguous(), not an .expand() view)")
     return t.shape[0], t.shape[1], name, None, key
 
 

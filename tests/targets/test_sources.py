@@ -152,3 +152,14 @@ def test_chunk_names_whose_number_order_differs_are_refused(tmp_path):
     with pytest.raises(StoreError, match=r"sort differently by name \(chunk_10\.npy first\) "
                                          r"and by number \(chunk_2\.npy first\)"):
         chunk_files_in(tmp_path)
+
+
+def test_pt_whose_elements_exceed_its_storage_is_refused(tmp_path):
+    # zero strides: a 2-byte storage claims 1000 x 1000 rows (reading it would allocate them all)
+    torch.save(torch.zeros(1, 1, dtype=torch.float16).expand(1000, 1000), tmp_path / "z.pt")
+    with pytest.raises(StoreError, match=r"z\.pt: the tensor's 1000 x 1000 float16 elements need "
+                                         r"2,000,000 bytes, its storage holds 2"):
+        inspect_chunk(tmp_path / "z.pt")
+    # a non-contiguous but honest tensor (a transpose) stays accepted
+    torch.save(torch.randn(6, 4).to(torch.float16).t(), tmp_path / "t.pt")
+    assert (inspect_chunk(tmp_path / "t.pt").rows, inspect_chunk(tmp_path / "t.pt").dim) == (4, 6)
