@@ -14,7 +14,6 @@ bfloat16 or float32, stored as `.pt` (torch.save), `.npy` or `.safetensors`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import stat
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aleph._io import file_kind, number_order_clash, sha256_json
+from aleph._io import file_kind, number_order_clash, parse_json_bytes, sha256_json
 from aleph.errors import StoreError
 from aleph.targets.format import DTYPES, raw_view, torch_dtype_name
 
@@ -134,8 +133,8 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
         if n <= 0 or 8 + n > size or n > 100 << 20:
             raise StoreError(f"{path}: not a safetensors file (bad header length {n})")
         try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            header = parse_json_bytes(f.read(n))  # depth-safe
+        except ValueError as e:  # not UTF-8, not JSON, too deep, an int past Python's digit limit
             raise StoreError(f"{path}: safetensors header is not JSON ({e})") from None
     if not isinstance(header, dict):
         raise StoreError(f"{path}: safetensors header is {type(header).__name__}, expected a JSON object")

@@ -163,3 +163,14 @@ def test_pt_whose_elements_exceed_its_storage_is_refused(tmp_path):
     # a non-contiguous but honest tensor (a transpose) stays accepted
     torch.save(torch.randn(6, 4).to(torch.float16).t(), tmp_path / "t.pt")
     assert (inspect_chunk(tmp_path / "t.pt").rows, inspect_chunk(tmp_path / "t.pt").dim) == (4, 6)
+
+
+@pytest.mark.parametrize("header", [b"[" * 200_000 + b"]" * 200_000,
+                                    b'{"t": {"dtype": "F16", "shape": [1, ' + b"9" * 5000 + b"]}}"])
+def test_a_hostile_safetensors_header_is_one_line(tmp_path, header):
+    import struct
+
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(StoreError, match=r"h\.safetensors: safetensors header is not JSON \("):
+        inspect_chunk(path)  # was a RecursionError / an int-digits ValueError, with a traceback
