@@ -54,7 +54,7 @@ class ChunkInfo:
 
 def _stat(path: str) -> os.stat_result:
     """stat of a chunk file, refusing what is not a regular file (a FIFO would block the
-    build's first read forever, a device would be read without end)."""
+    build's first read forever, a device would be read without end) and a symbolic link."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -63,6 +63,9 @@ def _stat(path: str) -> os.stat_result:
         raise StoreError(f"{path}: cannot stat chunk file ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
         raise StoreError(f"{path}: chunk file is {file_kind(st.st_mode)}; expected a regular file")
+    if os.path.islink(path):  # docs/trust.md: links are never followed
+        raise StoreError(f"{path}: a symbolic link; links are not followed: copy the file or "
+                         "name its target")
     return st
 
 
@@ -222,6 +225,7 @@ def _inspect_pt(path: str, size: int) -> tuple[int, int, str, None, str | None]:
 
 def inspect_chunk(path: str | os.PathLike) -> ChunkInfo:
     """Read one chunk's header (never its rows) and check it is well formed."""
+    _stat(os.fspath(path))  # as given: a link is refused, not resolved
     path = os.path.realpath(os.fspath(path))
     st = _stat(path)
     suffix = os.path.splitext(path)[1]

@@ -87,3 +87,14 @@ def test_tokenizer_threads_follow_the_cgroup_quota_not_the_host(tmp_path, monkey
     assert os.environ["RAYON_NUM_THREADS"] == "17"
     monkeypatch.setenv("RAYON_NUM_THREADS", "3")  # a user's own setting wins
     assert tk.configure_threads() == "tokenizer threads: 3 (RAYON_NUM_THREADS, as set)"
+
+
+def test_a_symbolic_link_in_a_tokenizer_directory_is_refused(tmp_path, smoke):
+    """docs/trust.md: links in input directories are never followed."""
+    tok = tmp_path / "tok"
+    shutil.copytree(smoke.tokenizer_dir, tok)
+    (tok / "tokenizer.json").rename(tmp_path / "elsewhere.json")
+    (tok / "tokenizer.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(DataError, match=r"tokenizer\.json is a symbolic link; links are not "
+                                        r"followed: copy the file or name its target"):
+        load_tokenizer(tok)

@@ -174,3 +174,16 @@ def test_a_hostile_safetensors_header_is_one_line(tmp_path, header):
     path.write_bytes(struct.pack("<Q", len(header)) + header)
     with pytest.raises(StoreError, match=r"h\.safetensors: safetensors header is not JSON \("):
         inspect_chunk(path)  # was a RecursionError / an int-digits ValueError, with a traceback
+
+
+def test_a_chunk_that_is_a_symbolic_link_is_refused(tmp_path):
+    """docs/trust.md: links are never followed; its target is neither read nor recorded."""
+    from aleph.targets.sources import source_stats
+
+    real = save_chunk(torch.zeros(3, 4, dtype=torch.float16), tmp_path / "elsewhere.npy")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "chunk_0.npy").symlink_to(real)
+    for read in (inspect_chunk, lambda p: source_stats([p])):
+        with pytest.raises(StoreError, match=r"d/chunk_0\.npy: a symbolic link; links are not "
+                                             r"followed: copy the file or name its target"):
+            read(tmp_path / "d" / "chunk_0.npy")
