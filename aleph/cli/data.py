@@ -36,7 +36,7 @@ def _tokens(args) -> int:
     from aleph.data.tokenizer import configure_threads
     from aleph.data.tokens import token_store_dir
 
-    where: list[Path] = []
+    where = [Path(args.out)] if args.out else []  # the store, once its path is known
 
     def body() -> str:
         tokenizer = load_tokenizer(args.tokenizer)
@@ -47,7 +47,7 @@ def _tokens(args) -> int:
         t1 = time.perf_counter()
         out = Path(args.out) if args.out else token_store_dir(
             digest, tokenizer_fingerprint(tokenizer), args.max_len)
-        where.append(out)
+        where[:] = [out]
         reused = out.exists()
         store = build_token_store(captions, tokenizer, out, max_len=args.max_len,
                                   expect_sha256=digest)

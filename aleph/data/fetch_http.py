@@ -4,9 +4,10 @@ bounded GET into a partial file, against a server that may be hostile.
 huggingface_hub's session (HF_TOKEN, HF_ENDPOINT apply), redirects followed here: at most
 `FetchLimits.redirects`, http(s) only (HEAD: same origin; GET: the token dropped across
 origins). The GET reads the raw body of an identity encoding, never more than the announced
-size (of an error answer, 4 KiB); one deadline covers every attempt, a transfer below `min_rate` is cut and resumed, and
-`hard_deadline` ends headers that trickle in. The partial file is `open_write_nofollow`ed:
-a link or FIFO is refused before a byte is written, and never removed.
+size (of an error answer, 4 KiB); one deadline covers every attempt, a transfer below
+`min_rate` is cut and resumed, and `hard_deadline` ends headers that trickle in. The partial
+file is `open_write_nofollow`ed: a link or FIFO is refused before a byte is written, and
+never removed.
 """
 
 from __future__ import annotations
