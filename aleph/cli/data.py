@@ -25,30 +25,49 @@ def _smoke(args) -> int:
 
 
 def _tokens(args) -> int:
+    """Build or reuse the store; exit 76 (errors.EXIT_STOPPED) after any number of
+    SIGTERM/SIGINT, with one line: a store is written whole or not at all, and its staging
+    directory is removed on the way out."""
     import time
 
+    from aleph._signals import run_until_stop
     from aleph.data import build_token_store, load_tokenizer, tokenizer_fingerprint
     from aleph.data.captions import open_captions
     from aleph.data.tokenizer import configure_threads
     from aleph.data.tokens import token_store_dir
 
-    tokenizer = load_tokenizer(args.tokenizer)
-    captions = open_captions(args.captions, column=args.column, split=args.split)
-    threads = configure_threads()
-    t0, c0 = time.perf_counter(), time.process_time()
-    digest = None if args.out else _captions_digest(args, captions)
-    t1 = time.perf_counter()
-    out = Path(args.out) if args.out else token_store_dir(
-        digest, tokenizer_fingerprint(tokenizer), args.max_len)
-    reused = out.exists()
-    store = build_token_store(captions, tokenizer, out, max_len=args.max_len, expect_sha256=digest)
-    t2, cpu = time.perf_counter(), time.process_time() - c0  # CPU: all threads of the process
-    timing = "" if reused else (f"; {t2 - t0:.1f} s = captions sha256 {t1 - t0:.1f} s + tokenise "
-                                f"{t2 - t1:.1f} s, {store.rows / max(t2 - t0, 1e-9):,.0f} rows/s, "
-                                f"CPU {cpu:.1f} s = {cpu / max(t2 - t0, 1e-9):.2f} cores busy")
-    print(f"{store.path}: {'reused' if reused else 'built'}, {store.rows:,} rows x "
-          f"{store.max_len} tokens, pad id {store.pad_id} ({threads}{timing})")
-    return 0
+    where = [Path(args.out)] if args.out else []  # the store, once its path is known
+
+    def body() -> str:
+        tokenizer = load_tokenizer(args.tokenizer)
+        captions = open_captions(args.captions, column=args.column, split=args.split)
+        threads = configure_threads()
+        t0, c0 = time.perf_counter(), time.process_time()
+        digest = None if args.out else _captions_digest(args, captions)
+        t1 = time.perf_counter()
+        out = Path(args.out) if args.out else token_store_dir(
+            digest, tokenizer_fingerprint(tokenizer), args.max_len)
+        where[:] = [out]
+        reused = out.exists()
+        store = build_token_store(captions, tokenizer, out, max_len=args.max_len,
+                                  expect_sha256=digest)
+        t2, cpu = time.perf_counter(), time.process_time() - c0  # CPU: all threads of the process
+        timing = "" if reused else (f"; {t2 - t0:.1f} s = captions sha256 {t1 - t0:.1f} s + tokenise "
+                                    f"{t2 - t1:.1f} s, {store.rows / max(t2 - t0, 1e-9):,.0f} rows/s, "
+                                    f"CPU {cpu:.1f} s = {cpu / max(t2 - t0, 1e-9):.2f} cores busy")
+        return (f"{store.path}: {'reused' if reused else 'built'}, {store.rows:,} rows x "
+                f"{store.max_len} tokens, pad id {store.pad_id} ({threads}{timing})")
+
+    def kept(signame: str) -> str:
+        if where and (where[0] / "manifest.json").is_file():
+            return f"stopped by {signame}: the token store {where[0]} is complete"
+        return (f"stopped by {signame} before the token store was complete: nothing was kept "
+                "(a store is written whole or not at all)")
+
+    return run_until_stop("data tokens", body, kept, lambda: [
+        "data", "tokens", "--captions", args.captions, "--column", args.column, "--split",
+        args.split, "--tokenizer", args.tokenizer, "--max-len", str(args.max_len),
+        *(["--out", args.out] if args.out else [])])
 
 
 def _captions_digest(args, captions) -> str:

@@ -12,6 +12,7 @@ from aleph._signals import run_until_stop
 from aleph.env.cgroup import format_bytes
 from aleph.errors import StoreError
 from aleph.targets import build_store, open_store, plan, store_dir_for, verify_store
+from aleph.targets.format import MANIFEST_FILE
 from aleph.targets.lock import DEFAULT_LOCK_TIMEOUT_S
 from aleph.targets.plan import DEFAULT_HEADROOM_BYTES
 from aleph.targets.sources import chunk_files_in
@@ -28,17 +29,34 @@ def expand_sources(items: list[str]) -> list[str]:
 
 
 def _build(args) -> int:
+    """Build or reuse the store; exit 76 (errors.EXIT_STOPPED) after any number of
+    SIGTERM/SIGINT, with one line: a streaming build resumes after its recorded chunks."""
     sources = expand_sources(args.sources)
     out = Path(args.out) if args.out else store_dir_for(sources, work_root())
-    if args.implementation == "in_ram" and not args.no_plan:
-        plan(sources, args.quota, args.headroom).require("in_ram")
-    store = build_store(sources, out, args.implementation,
-                        nonfinite="fail" if args.fail_on_nonfinite else "warn",
-                        lock_timeout_s=args.lock_timeout)
-    print(f"{store.store_dir}: {store.rows:,} x {store.dim} {store.manifest['dtype']}, "
-          f"{format_bytes(store.byte_length)}, built by {store.manifest['built_by']}, "
-          f"manifest sha256 {store.manifest_sha256}")
-    return 0
+
+    def body() -> str:
+        if args.implementation == "in_ram" and not args.no_plan:
+            plan(sources, args.quota, args.headroom).require("in_ram")
+        store = build_store(sources, out, args.implementation,
+                            nonfinite="fail" if args.fail_on_nonfinite else "warn",
+                            lock_timeout_s=args.lock_timeout)
+        return (f"{store.store_dir}: {store.rows:,} x {store.dim} {store.manifest['dtype']}, "
+                f"{format_bytes(store.byte_length)}, built by {store.manifest['built_by']}, "
+                f"manifest sha256 {store.manifest_sha256}")
+
+    def kept(signame: str) -> str:
+        if (out / MANIFEST_FILE).is_file():
+            return f"stopped by {signame}: the store {out} is complete"
+        return (f"stopped by {signame} before the store was complete: {out} holds the unfinished "
+                "build (streaming resumes after the chunks it recorded; in_ram starts again)")
+
+    opts = [("--quota", args.quota), ("--headroom", args.headroom)]
+    return run_until_stop("targets build", body, kept, lambda: [
+        "targets", "build", *args.sources, "--out", str(out), "--implementation",
+        args.implementation, "--lock-timeout", repr(args.lock_timeout),
+        *[w for k, v in opts if v is not None for w in (k, str(v))],
+        *(["--fail-on-nonfinite"] if args.fail_on_nonfinite else []),
+        *(["--no-plan"] if args.no_plan else [])])
 
 
 def _store_arg(given: str) -> tuple[Path, str]:

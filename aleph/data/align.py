@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from aleph.data.captions import CaptionSource, check_row_counts, open_captions
+from aleph.data.captions import CaptionSource, _check_arrow, check_row_counts, open_captions
 from aleph.errors import DataError
 
 FEATURE_DIM = 4096  # hashed feature buckets
@@ -107,8 +107,8 @@ def take_captions(src: CaptionSource, idx: np.ndarray) -> list[str]:
             n = pf.metadata.row_group(g).num_rows
             local = idx[(idx >= start) & (idx < start + n)] - start
             if local.size:
-                col = pf.read_row_group(g, columns=[src.column]).column(0)
-                out += col.take(local).to_pylist()
+                col = pf.read_row_group(g, columns=[src.column]).column(0).combine_chunks()
+                out += _check_arrow(col, src._where(), start).take(local).to_pylist()
             start += n
         return out
     if src.kind == "dir":

@@ -4,9 +4,10 @@ bounded GET into a partial file, against a server that may be hostile.
 huggingface_hub's session (HF_TOKEN, HF_ENDPOINT apply), redirects followed here: at most
 `FetchLimits.redirects`, http(s) only (HEAD: same origin; GET: the token dropped across
 origins). The GET reads the raw body of an identity encoding, never more than the announced
-size; one deadline covers every attempt, a transfer below `min_rate` is cut and resumed, and
-`hard_deadline` ends headers that trickle in. The partial file is `open_write_nofollow`ed:
-a link or FIFO is refused before a byte is written, and never removed.
+size (of an error answer, 4 KiB); one deadline covers every attempt, a transfer below
+`min_rate` is cut and resumed, and `hard_deadline` ends headers that trickle in. The partial
+file is `open_write_nofollow`ed: a link or FIFO is refused before a byte is written, and
+never removed.
 """
 
 from __future__ import annotations
@@ -206,14 +207,13 @@ def get_into(url: str, part: Path, have: int, size: int, limits: FetchLimits,
              deadline: float) -> None:
     """One GET of bytes `have`.. of a `size`-byte file into `part` (a 200 answer restarts
     from 0). TransferCut for what a retry may mend, DataError for a broken bound."""
-    from huggingface_hub.utils import hf_raise_for_status
-
     headers, what = hub_headers(), f"GET {urlsplit(url).path}"
     if have:
         headers["Range"] = f"bytes={have}-"
     with hard_deadline(deadline + limits.rate_window_s, what), \
             closing(send("GET", url, headers, limits, deadline, same_origin_only=False)) as r:
-        hf_raise_for_status(r)
+        if r.status_code >= 400:  # not hf_raise_for_status: it reads the whole body first
+            raise TransferCut(_error_line(r))
         encoding = r.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise DataError(f"{what}: Content-Encoding {encoding[:40]!r}; expected the file's "
@@ -230,6 +230,24 @@ def get_into(url: str, part: Path, have: int, size: int, limits: FetchLimits,
             _copy(r, f, want, size, limits, deadline, what)
             f.flush()
             os.fsync(f.fileno())
+
+
+def _error_line(r, limit: int = 4096) -> str:
+    """`HTTP <status> <reason>: <what the server says>`, one line, from the X-Error-Message
+    header or at most `limit` bytes of the body (an error's body may never end)."""
+    import httpx
+
+    said, body = r.headers.get("x-error-message", ""), b""
+    if not said:
+        try:
+            for chunk in r.iter_raw():
+                body += chunk[: limit - len(body)]
+                if len(body) >= limit:
+                    break
+        except httpx.HTTPError:
+            pass
+    text = " ".join((said or body.decode("utf-8", "replace")).split())[:300]
+    return f"HTTP {r.status_code} {r.reason_phrase}" + (f": {text}" if text else "")
 
 
 def _copy(r, f, want: int, size: int, limits: FetchLimits, deadline: float, what: str) -> None:

@@ -96,13 +96,16 @@ def load_tokenizer(name_or_dir: str | os.PathLike, cache_dir: str | os.PathLike 
 
 
 def _check_entries(path: Path) -> None:
-    """Every entry of a tokenizer directory is a regular file or a directory: a FIFO named
-    tokenizer.json would block transformers' open forever."""
+    """Every entry of a tokenizer directory is a regular file or a directory, not a link: a
+    FIFO named tokenizer.json would block transformers' open forever."""
     for entry in sorted(path.iterdir()):
         st = entry.stat() if entry.exists() else entry.lstat()
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             raise DataError(f"tokenizer directory {str(path)!r}: {entry.name} is {file_kind(st.st_mode)}; "
                             "expected regular files (a saved transformers tokenizer)")
+        if entry.is_symlink():  # docs/trust.md: links are never followed
+            raise DataError(f"tokenizer directory {str(path)!r}: {entry.name} is a symbolic link; "
+                            "links are not followed: copy the file or name its target")
 
 
 def tokenizer_threads(cgroup_root: str | os.PathLike | None = None) -> int:

@@ -28,6 +28,7 @@ from aleph._io import (
     check_free_space,
     check_record,
     fsync_dir,
+    open_regular,
     read_json_record,
     sha256_file,
     sha256_json,
@@ -288,10 +289,17 @@ def open_token_store(path: str | Path, verify_hashes: bool = False) -> TokenStor
 
 
 def _open_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    """The .npy at `path` mapped read-only from one fd: a regular file, no link followed (a
+    FIFO never blocks), its header's int32 C-order `shape` checked before it is mapped."""
+    fmt = np.lib.format
     try:
-        arr = np.load(path, mmap_mode="r")
-    except (OSError, ValueError) as e:
-        raise StoreError(f"{path}: missing or not a .npy array ({e})") from e
-    if arr.dtype != np.int32 or arr.shape != tuple(shape):
-        raise StoreError(f"{path}: {arr.dtype} {arr.shape}, manifest expects int32 {tuple(shape)}")
-    return arr
+        with os.fdopen(open_regular(path, follow=False), "rb") as f:
+            read = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) else fmt.read_array_header_2_0
+            got, fortran, dtype = read(f)
+            if dtype != np.int32 or fortran or got != tuple(shape):
+                raise StoreError(f"{path}: {dtype} {got}, manifest expects int32 {tuple(shape)}")
+            return np.memmap(f, dtype=np.int32, mode="r", offset=f.tell(), shape=got)
+    except OSError as e:
+        raise StoreError(f"{path}: missing or not a .npy array ({e.strerror or e})") from None
+    except (ValueError, SyntaxError) as e:
+        raise StoreError(f"{path}: missing or not a .npy array ({e})") from None

@@ -22,7 +22,7 @@ from aleph.targets.sources import SUFFIXES, chunk_files_in, source_fingerprint, 
 
 def _is_chunk_dir(path: Path) -> bool:
     """A directory without a store manifest that holds at least one chunk file."""
-    if (path / MANIFEST_FILE).exists():
+    if os.path.lexists(path / MANIFEST_FILE):  # any entry (a FIFO, a link): opening says what
         return False
     try:
         return any(n.endswith(SUFFIXES) for n in os.listdir(path))

@@ -14,7 +14,6 @@ bfloat16 or float32, stored as `.pt` (torch.save), `.npy` or `.safetensors`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import stat
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aleph._io import file_kind, number_order_clash, sha256_json
+from aleph._io import file_kind, number_order_clash, parse_json_bytes, sha256_json
 from aleph.errors import StoreError
 from aleph.targets.format import DTYPES, raw_view, torch_dtype_name
 
@@ -55,7 +54,7 @@ class ChunkInfo:
 
 def _stat(path: str) -> os.stat_result:
     """stat of a chunk file, refusing what is not a regular file (a FIFO would block the
-    build's first read forever, a device would be read without end)."""
+    build's first read forever, a device would be read without end) and a symbolic link."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -64,6 +63,9 @@ def _stat(path: str) -> os.stat_result:
         raise StoreError(f"{path}: cannot stat chunk file ({e.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
         raise StoreError(f"{path}: chunk file is {file_kind(st.st_mode)}; expected a regular file")
+    if os.path.islink(path):  # docs/trust.md: links are never followed
+        raise StoreError(f"{path}: a symbolic link; links are not followed: copy the file or "
+                         "name its target")
     return st
 
 
@@ -134,8 +136,8 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
         if n <= 0 or 8 + n > size or n > 100 << 20:
             raise StoreError(f"{path}: not a safetensors file (bad header length {n})")
         try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            header = parse_json_bytes(f.read(n))  # depth-safe
+        except ValueError as e:  # not UTF-8, not JSON, too deep, an int past Python's digit limit
             raise StoreError(f"{path}: safetensors header is not JSON ({e})") from None
     if not isinstance(header, dict):
         raise StoreError(f"{path}: safetensors header is {type(header).__name__}, expected a JSON object")
@@ -213,11 +215,17 @@ def _inspect_pt(path: str, size: int) -> tuple[int, int, str, None, str | None]:
                          "(convert with .to_dense() before saving)")
     if name is None or t.dim() != 2:
         raise StoreError(f"{path}: expected a 2-D float16/bfloat16/float32 tensor, found {tuple(t.shape)} {t.dtype}")
+    need, have = t.numel() * t.element_size(), t.untyped_storage().nbytes()
+    if not need <= have <= size:  # zero strides (.expand) claim rows no byte holds: reading allocates them
+        raise StoreError(f"{path}: the tensor's {t.shape[0]} x {t.shape[1]} {name} elements need {need:,} "
+                         f"bytes, its storage holds {have:,} (the file has {size:,}); save a "
+                         "contiguous tensor (.contiguous(), not an .expand() view)")
     return t.shape[0], t.shape[1], name, None, key
 
 
 def inspect_chunk(path: str | os.PathLike) -> ChunkInfo:
     """Read one chunk's header (never its rows) and check it is well formed."""
+    _stat(os.fspath(path))  # as given: a link is refused, not resolved
     path = os.path.realpath(os.fspath(path))
     st = _stat(path)
     suffix = os.path.splitext(path)[1]

@@ -15,7 +15,6 @@ the free page cache it would read in what the kernel then drops again.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 from collections.abc import Iterator
@@ -24,11 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from aleph._io import sha256_json
+from aleph._io import read_json_bounded, sha256_json
 from aleph.errors import StoreError
 from aleph.targets.format import DTYPES, MANIFEST_FILE, check_manifest, raw_view, tensor_view
 
 IMPLEMENTATIONS = ("streaming", "in_ram")
+MANIFEST_MAX_BYTES = 64 << 20  # the manifest lists the chunks: a few MB for E1's
 MADV_POPULATE_READ = 22  # Linux >= 5.14; Python 3.11's mmap module has no constant for it
 
 
@@ -56,13 +56,13 @@ def load_manifest(store_dir: str | os.PathLike) -> dict:
     if store_dir.exists() and not store_dir.is_dir():
         raise StoreError(f"{store_dir}: not a directory; expected a target store directory")
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = read_json_bounded(path, MANIFEST_MAX_BYTES)  # regular, no link, bounded, depth-safe
     except FileNotFoundError:
         raise StoreError(f"{path}: no manifest: not a complete target store (a build that did "
                          "not finish leaves none; run the build again to resume it)") from None
     except OSError as e:
         raise StoreError(f"{path}: cannot read the manifest ({e.strerror})") from None
-    except ValueError as e:  # not UTF-8, or not JSON
+    except ValueError as e:  # not UTF-8, not JSON, or nested too deeply
         raise StoreError(f"{path}: not valid JSON ({e})") from None
     manifest = check_manifest(obj, str(path))
     data = store_dir / manifest["data_file"]

@@ -13,7 +13,8 @@ Content-Length, closing the connection), `encoded` (GETs send these bytes with
 `Content-Encoding: gzip`, whatever was asked), `trickle` (GETs send one byte every that
 many seconds), `self_redirect` (requests of that method get a relative 302 to their own
 path), `linked_size` (the X-Linked-Size header's text) and `redirect_gets` (GETs get a 302
-to this origin, the same path). `auth_seen` logs each request's Authorization header and
+to this origin, the same path), `error_body` (GETs get a 500 with a JSON body of that many
+bytes; `error_sent` logs the bytes of each that the client took). `auth_seen` logs each request's Authorization header and
 `times` its arrival (time.time()). `trickle_head`: HEADs get their status line, then a
 header one byte every that many seconds, never ending.
 """
@@ -42,6 +43,8 @@ class FakeDatasetHub:
         self.self_redirect: str | None = None
         self.linked_size: str | None = None
         self.redirect_gets: str | None = None
+        self.error_body = 0
+        self.error_sent: list[int] = []
         self.auth_seen: list[str | None] = []
         self.times: list[float] = []
         self.trickle_head = 0.0
@@ -112,6 +115,19 @@ def _handler(hub: FakeDatasetHub):
                 self.send_header("Location", hub.redirect_gets + path)  # another origin
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if get and hub.error_body:
+                self.send_response(500)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(hub.error_body))
+                self.end_headers()
+                hub.error_sent.append(0)
+                try:
+                    for left in range(hub.error_body, 0, -(1 << 16)):
+                        self.wfile.write(b" " * min(left, 1 << 16))
+                        hub.error_sent[-1] += min(left, 1 << 16)
+                except OSError:  # the client hung up after the bytes it wanted
+                    self.close_connection = True
                 return
             if hub.self_redirect == self.command:
                 self.send_response(302)

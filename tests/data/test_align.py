@@ -158,3 +158,18 @@ def test_targets_naming_a_fifo_is_one_line_saying_what_it_is(smoke, pairings, tm
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"--targets {fifo} is a FIFO; expected a chunk file" in r.stderr
     print(r.stderr.strip())
+
+
+@pytest.mark.parametrize("values,what", [
+    (lambda i: i, r"int \(int64\)"),
+    (lambda i: [f"word{i}", "dog"], r"list \(list<\w+: string>\)"),
+    (lambda i: None, r"NoneType \((string|null)\)"),
+])
+def test_a_parquet_caption_column_that_is_not_strings_is_bad_input(smoke, smoke_tokenizer,
+                                                                   tmp_path, values, what):
+    """Not a tokenizer traceback (exit 1), nor a list read as words and called MISALIGNED."""
+    rows = len(load_captions(smoke.captions))
+    path = _parquet(tmp_path / "odd.parquet", [values(i) for i in range(rows)])
+    with pytest.raises(DataError, match=rf"odd\.parquet column 'caption': row \d+ is {what}, "
+                                        "expected a string"):
+        _check(smoke, smoke_tokenizer, path)

@@ -43,3 +43,38 @@ def test_sts_bad_arguments_are_one_line_errors(work, capsys, tmp_path):
     assert err.startswith("aleph data: error: --out ") and "a-file" in err
     assert (tmp_path / "a-file").read_text() == "keep\n"
 
+
+
+def test_a_sigterm_while_tokens_builds_exits_76_in_one_line_and_leaves_no_staging(
+        work, smoke, capsys, tmp_path, monkeypatch):
+    """Two SIGTERMs (as Slurm sends) while the store's manifest is written in its staging
+    directory: exit 76, one line naming the command that resumes, no staging left."""
+    import signal
+
+    from aleph.data import tokens
+
+    real_write = tokens.atomic_write_json
+
+    def write_under_signals(*a, **kw):
+        signal.raise_signal(signal.SIGTERM)  # the handler runs before this returns
+        signal.raise_signal(signal.SIGTERM)
+        return real_write(*a, **kw)
+
+    monkeypatch.setattr(tokens, "atomic_write_json", write_under_signals)
+    out = tmp_path / "cache" / "mine"
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # without a handler: not a death here
+    try:
+        rc = main(["data", "tokens", "--captions", str(smoke.captions), "--tokenizer",
+                   str(smoke.tokenizer_dir), "--max-len", "16", "--out", str(out)])
+        late = signal.getsignal(signal.SIGTERM)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    lines = capsys.readouterr().out.splitlines()
+    assert rc == 76 and len(lines) == 1, (rc, lines)
+    assert lines[0].startswith("aleph data tokens: stopped by SIGTERM before the token store "
+                               "was complete: nothing was kept"), lines
+    assert f"resume with: aleph data tokens --captions {smoke.captions}" in lines[0]
+    assert list(out.parent.iterdir()) == []  # no store, no .mine.* staging directory
+    assert late == signal.SIG_IGN  # the process is ending: a later signal must not kill it

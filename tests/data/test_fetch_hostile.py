@@ -199,3 +199,14 @@ def test_the_token_goes_to_its_own_origin_only(hub, tmp_path, monkeypatch):
         assert path.read_bytes() == _payload()
         assert cdn.requests and set(cdn.auth_seen) == {None}
     assert hub.auth_seen and set(hub.auth_seen) == {"Bearer hf_secret_token"}
+
+
+def test_an_error_status_reads_a_bounded_part_of_its_body(hub, tmp_path):
+    """A 500 whose body is 64 MiB (or endless): a few KiB of it are read, not all of it."""
+    hub.error_body = 64 << 20
+    r, _, _ = fetch(hub, tmp_path / "e1", tmp_path, timeout=120)
+    line = _one_line(r)
+    print(line, f"(the server sent {hub.error_sent} B)")
+    # what the socket buffers took before the client hung up, never the whole body
+    assert hub.error_sent and max(hub.error_sent) < 32 << 20, hub.error_sent
+    assert "HTTP 500 Internal Server Error" in line and "run the same command again" in line

@@ -123,3 +123,14 @@ def test_a_tokenizer_that_cannot_encode_every_caption_is_refused_when_loaded(tmp
     shutil.copy(tmp_path / "tok" / "tokenizer_config.json", tmp_path / "cfg")
     with pytest.raises(DataError, match=r"cfg': its vocabulary holds only its 5 special tokens"):
         load_tokenizer(tmp_path / "cfg")
+
+
+def test_a_symbolic_link_in_a_tokenizer_directory_is_refused(tmp_path, smoke):
+    """docs/trust.md: links in input directories are never followed."""
+    tok = tmp_path / "tok"
+    shutil.copytree(smoke.tokenizer_dir, tok)
+    (tok / "tokenizer.json").rename(tmp_path / "elsewhere.json")
+    (tok / "tokenizer.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(DataError, match=r"tokenizer\.json is a symbolic link; links are not "
+                                        r"followed: copy the file or name its target"):
+        load_tokenizer(tok)

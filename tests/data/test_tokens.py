@@ -117,3 +117,33 @@ def test_a_hostile_manifest_is_one_line(tmp_path):
     man.write_text("[]")
     with pytest.raises(StoreError, match=r"manifest.json: a JSON list, expected an object"):
         open_token_store(tmp_path / "s")
+
+
+@pytest.mark.parametrize("name", ["ids.npy", "lengths.npy"])
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_reused_store_whose_array_is_a_fifo_or_link_is_one_line(tmp_path, captions,
+                                                                 smoke_tokenizer, name, kind):
+    """`data tokens --out DIR` reopens an existing store: a FIFO there blocked it forever."""
+    import contextlib
+    import os
+    import threading
+
+    build_token_store(captions[:5], smoke_tokenizer, tmp_path / "s", max_len=24)
+    arr = tmp_path / "s" / name
+    os.replace(arr, tmp_path / "elsewhere.npy")
+    os.mkfifo(arr) if kind == "fifo" else arr.symlink_to(tmp_path / "elsewhere.npy")
+    done = threading.Event()
+
+    def unblock():  # the bug: open() waits for a writer; this one makes the test fail, not hang
+        if not done.wait(10):
+            with contextlib.suppress(OSError):
+                os.close(os.open(arr, os.O_WRONLY | os.O_NONBLOCK))
+
+    threading.Thread(target=unblock, daemon=True).start()
+    what = "a FIFO" if kind == "fifo" else "a symbolic link"
+    try:
+        with pytest.raises(StoreError, match=rf"{name}: missing or not a \.npy array \(not a "
+                                             rf"regular file \({what}\)"):
+            build_token_store(captions[:5], smoke_tokenizer, tmp_path / "s", max_len=24)
+    finally:
+        done.set()

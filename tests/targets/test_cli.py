@@ -142,3 +142,38 @@ def test_a_chunk_directory_given_to_verify_info_and_probes_is_its_built_store(ma
     from aleph.eval.probe_data import _load_targets
 
     assert _load_targets(chunks, 5).shape == (5, 8)  # eval --probe-targets takes it too
+
+
+def test_a_sigterm_while_build_writes_exits_76_in_one_line_and_the_rerun_resumes(
+        make_chunks, tmp_path, capsys, monkeypatch):
+    """Two SIGTERMs (as Slurm sends) after the first chunk is recorded: exit 76, one line
+    naming the command that resumes; that command completes the store."""
+    import signal
+
+    from aleph.targets import build_streaming
+
+    paths, ref = make_chunks(rows=(12, 9))
+
+    def stop_at(name, index=0):
+        if (name, index) == ("recorded", 0):
+            signal.raise_signal(signal.SIGTERM)  # the handler runs before this returns
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(build_streaming, "fault_point", stop_at)
+    out = tmp_path / "s"
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # without a handler: not a death here
+    try:
+        rc = main(["targets", "build", str(paths[0].parent), "--out", str(out)])
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    lines = capsys.readouterr().out.splitlines()
+    assert rc == 76 and len(lines) == 1, (rc, lines)
+    assert lines[0].startswith(f"aleph targets build: stopped by SIGTERM before the store was "
+                               f"complete: {out} holds the unfinished build"), lines
+    assert not (out / "manifest.json").exists()
+    monkeypatch.undo()
+    again = lines[0].split("resume with: aleph ", 1)[1].split()
+    assert main(again) == 0
+    assert store_bytes(out) == ref.numpy().tobytes()

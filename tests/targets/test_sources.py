@@ -152,3 +152,38 @@ def test_chunk_names_whose_number_order_differs_are_refused(tmp_path):
     with pytest.raises(StoreError, match=r"sort differently by name \(chunk_10\.npy first\) "
                                          r"and by number \(chunk_2\.npy first\)"):
         chunk_files_in(tmp_path)
+
+
+def test_pt_whose_elements_exceed_its_storage_is_refused(tmp_path):
+    # zero strides: a 2-byte storage claims 1000 x 1000 rows (reading it would allocate them all)
+    torch.save(torch.zeros(1, 1, dtype=torch.float16).expand(1000, 1000), tmp_path / "z.pt")
+    with pytest.raises(StoreError, match=r"z\.pt: the tensor's 1000 x 1000 float16 elements need "
+                                         r"2,000,000 bytes, its storage holds 2"):
+        inspect_chunk(tmp_path / "z.pt")
+    # a non-contiguous but honest tensor (a transpose) stays accepted
+    torch.save(torch.randn(6, 4).to(torch.float16).t(), tmp_path / "t.pt")
+    assert (inspect_chunk(tmp_path / "t.pt").rows, inspect_chunk(tmp_path / "t.pt").dim) == (4, 6)
+
+
+@pytest.mark.parametrize("header", [b"[" * 200_000 + b"]" * 200_000,
+                                    b'{"t": {"dtype": "F16", "shape": [1, ' + b"9" * 5000 + b"]}}"])
+def test_a_hostile_safetensors_header_is_one_line(tmp_path, header):
+    import struct
+
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(StoreError, match=r"h\.safetensors: safetensors header is not JSON \("):
+        inspect_chunk(path)  # was a RecursionError / an int-digits ValueError, with a traceback
+
+
+def test_a_chunk_that_is_a_symbolic_link_is_refused(tmp_path):
+    """docs/trust.md: links are never followed; its target is neither read nor recorded."""
+    from aleph.targets.sources import source_stats
+
+    real = save_chunk(torch.zeros(3, 4, dtype=torch.float16), tmp_path / "elsewhere.npy")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "chunk_0.npy").symlink_to(real)
+    for read in (inspect_chunk, lambda p: source_stats([p])):
+        with pytest.raises(StoreError, match=r"d/chunk_0\.npy: a symbolic link; links are not "
+                                             r"followed: copy the file or name its target"):
+            read(tmp_path / "d" / "chunk_0.npy")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -183,3 +184,44 @@ def test_unreadable_data_file_is_a_store_error(built, monkeypatch):
         PermissionError(13, "Permission denied")))
     with pytest.raises(StoreError, match="cannot map the data file"):
         open_store(d)
+
+
+def _unblock_later(fifo, done, after=10.0):
+    """Opens `fifo` for writing after `after` s unless `done` is set: a reader that blocked
+    on it (the bug) then reads EOF and the test fails instead of hanging."""
+    import threading
+
+    def run():
+        if not done.wait(after):
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "deep"])
+def test_a_hostile_manifest_is_one_line_never_a_hang(built, tmp_path, kind):
+    import threading
+
+    d, _ = built
+    man = d / "manifest.json"
+    (tmp_path / "elsewhere.json").write_bytes(man.read_bytes())
+    man.unlink()
+    if kind == "fifo":
+        os.mkfifo(man)
+    elif kind == "link":
+        man.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        man.write_bytes(b"[" * 200_000 + b"]" * 200_000)
+    want = {"fifo": r"cannot read the manifest \(not a regular file \(a FIFO\)",
+            "link": r"cannot read the manifest \(not a regular file \(a symbolic link\)",
+            "deep": r"not valid JSON \(JSON nested too deeply"}[kind]
+    for reader in (open_store, verify_store):
+        done = threading.Event()
+        if kind == "fifo":
+            _unblock_later(man, done)
+        try:
+            with pytest.raises(StoreError, match=rf"manifest\.json: {want}"):
+                reader(d)
+        finally:
+            done.set()
