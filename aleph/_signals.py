@@ -19,7 +19,8 @@ from aleph.errors import EXIT_STOPPED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # The commands that install a StopFlag; a stop before they do is held for it (`hold_early`).
-_STOPPABLE = (("train",), ("targets", "extract"), ("targets", "consensus"))
+_STOPPABLE = (("train",), ("targets", "extract"), ("targets", "consensus"), ("targets", "build"),
+              ("data", "tokens"))
 _held: list[str] = []  # names of the stop signals that came before the StopFlag
 
 
