@@ -441,7 +441,7 @@ def console(text: str, stream: TextIO | None = None) -> bool:
         return True
     except OSError:
         with contextlib.suppress(OSError, ValueError):
-            null = os.open(os.devnull, os.O_WRONLY)
+            null = os.open(os.devnull, os.O_WRONLY)  # nofollow-ok: the system's /dev/null
             os.dup2(null, stream.fileno())
             os.close(null)
         return False
