@@ -182,8 +182,11 @@ def _push(args: argparse.Namespace) -> int:
     spec = args.to
     if spec is None:
         config = RunLayout(run_dir).config
-        saved = read_json(config) if config.is_file() else {}
-        spec = saved.get("sync_to") or ""
+        try:
+            saved = read_json(config) if config.is_file() else {}
+        except ValueError as e:
+            raise SyncError(f"{config}: not valid JSON ({e})") from None
+        spec = (saved.get("sync_to") if isinstance(saved, dict) else None) or ""
         if not spec:
             raise SyncError(f"{run_dir}: no destination: pass --to DEST (its config.json has "
                             "no sync_to)")
