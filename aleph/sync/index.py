@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aleph._io import RUNS_DIR, plain_relative
+from aleph._io import RUNS_DIR, parse_json_bytes, plain_relative
 from aleph.errors import AlephError
 
 SCHEMA = "aleph-sync/1"
@@ -74,8 +74,8 @@ def encode(index: dict) -> bytes:
 def parse(data: bytes, where: str) -> dict[str, Any]:
     """Decode and validate an index; errors name `where` and the field at fault."""
     try:
-        index = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+        index = parse_json_bytes(data)
+    except ValueError as e:  # invalid JSON, not UTF-8, nested too deeply
         raise SyncError(f"{where}: not a sync index (invalid JSON: {e})") from None
     if not isinstance(index, dict) or index.get("schema") != SCHEMA:
         got = index.get("schema") if isinstance(index, dict) else type(index).__name__
