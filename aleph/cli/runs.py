@@ -6,6 +6,7 @@ off-box storage (a hub repo or a directory; aleph.sync)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from aleph.record.layout import RunLayout
@@ -141,7 +142,7 @@ def _row(runs_root: Path, d: Path, by_name: bool) -> list[str]:
     ev = st["evaluated"]
     if ev is None:
         ref = d.relative_to(runs_root).as_posix() if by_name else d
-        evaluated = "no" + (f": `aleph eval {ref}`" if st["status"] == "complete" else "")
+        evaluated = "no" + (f": `aleph eval {shlex.quote(str(ref))}`" if st["status"] == "complete" else "")
     else:
         path = str(ev.get("path") or "")
         evaluated = "yes (" + ("final weights" if "final" in path else f"step {ev.get('step')}") + ")"
@@ -212,5 +213,5 @@ def _pull(args: argparse.Namespace) -> int:
         print(result.line())
         where = (f"continues from step {result.step}" if result.step is not None
                  else "starts at step 0 (no resume state had been synced)")
-        print(f"  resume: the same `aleph train` command with ALEPH_WORK={into.absolute()} {where}")
+        print(f"  resume: the same `aleph train` command with ALEPH_WORK={shlex.quote(str(into.absolute()))} {where}")
     return 0

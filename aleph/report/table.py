@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import statistics
 from pathlib import Path
 
@@ -54,12 +55,13 @@ def _number(data: dict, dotted: str, src: str, required: bool = False, kind=(int
 
 def _not_evaluated(run_dir: Path) -> str:
     """Why `run_dir` has no eval.json, and the command that gives it one."""
-    state = rundir.run_state(run_dir)
+    state, ref = rundir.run_state(run_dir), shlex.quote(str(run_dir))
     if state["status"] == "complete":
-        return f"{run_dir}: trained but not evaluated (no eval.json): run `aleph eval {run_dir}` first"
+        return f"{run_dir}: trained but not evaluated (no eval.json): run `aleph eval {ref}` first"
     at = f" at step {state['step']}" if state["step"] is not None else ""
     return (f"{run_dir}: not evaluated (no eval.json) and its training is {state['status']}{at}: "
-            f"finish it, or `aleph eval {run_dir} --weights {run_dir}/weights/step-N` for a saved step")
+            f"finish it, or `aleph eval {ref} --weights {shlex.quote(str(run_dir / 'weights'))}/step-N` "
+            "for a saved step")
 
 
 def row_from_eval(run_dir: Path) -> dict:

@@ -119,3 +119,12 @@ def test_runs_list_refuses_an_oversized_or_fifo_record_in_one_line(tmp_path, cap
         "a1_anchored-s0": f"{big / 'metrics.json'}: larger than the 16,777,216 B this input may have",
         "a2_dense-s0": f"{fifo / 'metrics.json'}: not a regular file (a FIFO): expected a regular file"}
     assert any(line.split()[:3] == ["a3_random-s0", "stopped", "10/128"] for line in out)
+
+
+def test_a_run_name_with_shell_characters_is_quoted_in_the_hint(tmp_path, capsys, monkeypatch):
+    """A pulled run may be named anything plain_relative allows: the command to copy is quoted."""
+    _run(tmp_path, "smoke/x;touch pwned;#", ["complete"], final=True, step=128)
+    monkeypatch.setenv("ALEPH_WORK", str(tmp_path))
+    assert main(["runs", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "no: `aleph eval 'smoke/x;touch pwned;#'`" in out
