@@ -60,7 +60,7 @@ def _not_evaluated(run_dir: Path) -> str:
         return f"{run_dir}: trained but not evaluated (no eval.json): run `aleph eval {ref}` first"
     at = f" at step {state['step']}" if state["step"] is not None else ""
     return (f"{run_dir}: not evaluated (no eval.json) and its training is {state['status']}{at}: "
-            f"finish it, or `aleph eval {ref} --weights {shlex.quote(str(run_dir / 'weights'))}/step-N` "
+            f"finish it, or `aleph eval {ref} --weights {shlex.quote(str(rundir.RunLayout(run_dir).weights))}/step-N` "
             "for a saved step")
 
 
