@@ -398,9 +398,19 @@ def read_chunked(path: str | os.PathLike, limit: int, *, follow: bool = False) -
     return b"".join(chunks)
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+JSON_MAX = 16 << 20  # a run's or cache's JSON record is KiB; a pulled one may be anything
+
+
+def read_json(path: str | os.PathLike, limit: int = JSON_MAX) -> Any:
+    """The JSON value of UTF-8 file `path`, read bounded (`read_chunked`: at most `limit`
+    bytes, no link followed, only a regular file, a FIFO refused at once): OSError for the
+    file, json.JSONDecodeError or UnicodeDecodeError for its text, a plain ValueError for
+    nesting too deep to parse (never a RecursionError)."""
+    text = read_chunked(path, limit).decode("utf-8")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse; expected a shallow document") from None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:

@@ -32,3 +32,23 @@ def test_a_fifo_is_refused_saying_what_it_is(tmp_path):
     again = pickle.loads(pickle.dumps(e.value))  # crosses a process boundary intact
     assert (type(again), again.kind, str(again)) == (NotRegularFile, "a FIFO", str(e.value))
     assert NotRegularFile("x", stat.S_IFLNK).kind == "a symbolic link"
+
+
+def test_read_json_is_bounded_and_never_follows_a_link_or_waits_on_a_fifo(tmp_path):
+    from aleph._io import JSON_MAX, read_json
+
+    (tmp_path / "ok.json").write_text('{"a": 1}')
+    assert read_json(tmp_path / "ok.json") == {"a": 1}
+    (tmp_path / "big.json").write_bytes(b'{"pad": "' + b"x" * JSON_MAX + b'"}')
+    with pytest.raises(OSError) as e:
+        read_json(tmp_path / "big.json")  # refused after reading JSON_MAX + 1 bytes
+    assert e.value.errno == errno.EFBIG
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(NotRegularFile, match="a FIFO"):
+        read_json(tmp_path / "fifo.json")  # at once: nobody ever writes to it
+    os.symlink(tmp_path / "ok.json", tmp_path / "link.json")
+    with pytest.raises(NotRegularFile, match="a symbolic link"):
+        read_json(tmp_path / "link.json")
+    (tmp_path / "deep.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        read_json(tmp_path / "deep.json")  # a ValueError, not a RecursionError

@@ -6,6 +6,7 @@ off-box storage (a hub repo or a directory; aleph.sync)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from aleph.record.layout import RunLayout
@@ -141,7 +142,7 @@ def _row(runs_root: Path, d: Path, by_name: bool) -> list[str]:
     ev = st["evaluated"]
     if ev is None:
         ref = d.relative_to(runs_root).as_posix() if by_name else d
-        evaluated = "no" + (f": `aleph eval {ref}`" if st["status"] == "complete" else "")
+        evaluated = "no" + (f": `aleph eval {shlex.quote(str(ref))}`" if st["status"] == "complete" else "")
     else:
         path = str(ev.get("path") or "")
         evaluated = "yes (" + ("final weights" if "final" in path else f"step {ev.get('step')}") + ")"
@@ -182,8 +183,11 @@ def _push(args: argparse.Namespace) -> int:
     spec = args.to
     if spec is None:
         config = RunLayout(run_dir).config
-        saved = read_json(config) if config.is_file() else {}
-        spec = saved.get("sync_to") or ""
+        try:
+            saved = read_json(config) if config.is_file() else {}
+        except ValueError as e:
+            raise SyncError(f"{config}: not valid JSON ({e})") from None
+        spec = (saved.get("sync_to") if isinstance(saved, dict) else None) or ""
         if not spec:
             raise SyncError(f"{run_dir}: no destination: pass --to DEST (its config.json has "
                             "no sync_to)")
@@ -213,5 +217,5 @@ def _pull(args: argparse.Namespace) -> int:
         print(result.line())
         where = (f"continues from step {result.step}" if result.step is not None
                  else "starts at step 0 (no resume state had been synced)")
-        print(f"  resume: the same `aleph train` command with ALEPH_WORK={into.absolute()} {where}")
+        print(f"  resume: the same `aleph train` command with ALEPH_WORK={shlex.quote(str(into.absolute()))} {where}")
     return 0

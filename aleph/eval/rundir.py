@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ def read_run_json(run_dir: str | Path, name: str, required: bool = True) -> dict
     """Parse `run_dir/name` as a JSON object; missing optional files give None. config.json
     and manifest.json must be of this code's format_version (one line otherwise)."""
     path = Path(run_dir) / name
-    if not path.is_file():
+    if not os.path.lexists(path):  # a FIFO, link or directory there is refused by read_json
         if required:
             raise DataError(f"{path}: missing (is {run_dir} a run directory written by `aleph train`?)")
         return None
@@ -58,8 +59,10 @@ def read_run_json(run_dir: str | Path, name: str, required: bool = True) -> dict
         raise DataError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from e
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start}); expected JSON") from e
-    except RecursionError:
+    except ValueError:  # read_json's only other ValueError
         raise DataError(f"{path}: nested too deeply to parse; expected a JSON object") from None
+    except OSError as e:  # too large, a link, a FIFO: its strerror says so
+        raise DataError(f"{path}: {e.strerror or e}") from None
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return check_version(path, data) if name in (CONFIG, MANIFEST) else data

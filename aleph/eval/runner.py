@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,7 +45,8 @@ def require_trained(run_dir: Path, config: dict) -> None:
     todo = ("wait for it to finish" if state["status"] == "running"
             else f"resume it with the command that started it, e.g. `{cmd}`")
     saved = rundir.step_weights(run_dir)
-    alt = (f"or evaluate a saved step with `aleph eval {run_dir} --weights {saved[-1]}`" if saved
+    again = shlex.join(["aleph", "eval", str(run_dir), "--weights", str(saved[-1])]) if saved else ""
+    alt = (f"or evaluate a saved step with `{again}`" if saved
            else "no weights/step-N is saved yet to evaluate with --weights")
     missing = "" if state["final_weights"] else f"; no {rundir.FINAL_WEIGHTS}"
     raise DataError(f"{run_dir}: training is incomplete ({how}{missing}): {todo}, {alt}")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
-from aleph._io import atomic_write_bytes, atomic_write_json, read_bounded
+from aleph._io import atomic_write_bytes, atomic_write_json, parse_json_bytes, read_bounded
 from aleph.errors import ConfigError, StoreError
 from aleph.model.config import ModelConfig
 from aleph.model.encoder import AlephEncoder, build_model
@@ -44,11 +43,11 @@ def load_model(weights_dir: str | Path, device: str | torch.device = "cpu") -> A
         if not path.is_file():
             raise StoreError(f"{path}: missing (a weights directory holds {WEIGHTS} and {CONFIG})")
     try:
-        cfg = ModelConfig.from_dict(json.loads(read_bounded(cfg_path, CONFIG_MAX_BYTES)),
+        cfg = ModelConfig.from_dict(parse_json_bytes(read_bounded(cfg_path, CONFIG_MAX_BYTES)),
                                     source=str(cfg_path))
     except OSError as e:
         raise StoreError(f"{cfg_path}: cannot read ({e.strerror})") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    except ValueError as e:  # invalid JSON, not UTF-8, nested too deeply (parse_json_bytes)
         raise ConfigError(f"{cfg_path}: not valid JSON ({e})") from e
     try:
         state = safetensors.torch.load_file(str(w_path), device=str(device))

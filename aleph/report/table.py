@@ -9,12 +9,14 @@ them. Each run's `vs P` cell is its judgement against E1 (`aleph.report.comparab
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import shlex
 import statistics
 from pathlib import Path
 
-from aleph._io import sha256_json
+from aleph._io import sha256_json, short_repr
 from aleph.errors import DataError
 from aleph.eval import rundir
 from aleph.eval.tasks import DISPLAY, E1_TASKS
@@ -27,24 +29,39 @@ PROBE_KEYS = ("r_at_1", "cos_target", "erank")
 PUBLISHED_BASIS = "P"
 
 
-def _weights(ev: dict) -> str:
+def _weights(weights: dict) -> str:
     """"final" or "step N": which weights eval.json scored (an eval.json without a path: final)."""
-    path = str((ev.get("weights") or {}).get("path") or "weights/final/")
+    path = str(weights.get("path") or "weights/final/")
     if Path(path).parent.name == "final" or path.startswith("weights/final"):
         return "final"
     match = re.search(r"step-(\d+)", path)
-    step = (ev.get("weights") or {}).get("step")
-    return f"step {int(match.group(1)) if match else step}"
+    return f"step {int(match.group(1)) if match else short_repr(weights.get('step'), 20)}"
+
+
+NONE = type(None)
+
+
+def _number(data: dict, dotted: str, src: str, required: bool = False, kind=(int, float)):
+    """A number of eval.json the table formats: finite, never a bool; None when absent or
+    null unless `required`; else one line naming the file and field."""
+    value = rundir.field(data, dotted, src, **({} if required else {"default": None}),
+                         kind=kind if required else (*kind, NONE))
+    if isinstance(value, bool):
+        raise DataError(f"{src}: field {dotted!r} has type bool")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(f"{src}: field {dotted!r} is {value}, expected a finite number")
+    return value
 
 
 def _not_evaluated(run_dir: Path) -> str:
     """Why `run_dir` has no eval.json, and the command that gives it one."""
-    state = rundir.run_state(run_dir)
+    state, ref = rundir.run_state(run_dir), shlex.quote(str(run_dir))
     if state["status"] == "complete":
-        return f"{run_dir}: trained but not evaluated (no eval.json): run `aleph eval {run_dir}` first"
+        return f"{run_dir}: trained but not evaluated (no eval.json): run `aleph eval {ref}` first"
     at = f" at step {state['step']}" if state["step"] is not None else ""
     return (f"{run_dir}: not evaluated (no eval.json) and its training is {state['status']}{at}: "
-            f"finish it, or `aleph eval {run_dir} --weights {run_dir}/weights/step-N` for a saved step")
+            f"finish it, or `aleph eval {ref} --weights {shlex.quote(str(rundir.RunLayout(run_dir).weights))}/step-N` "
+            "for a saved step")
 
 
 def row_from_eval(run_dir: Path) -> dict:
@@ -54,8 +71,12 @@ def row_from_eval(run_dir: Path) -> dict:
         raise DataError(_not_evaluated(run_dir))
     ev = rundir.read_run_json(run_dir, rundir.EVAL)
     src = str(run_dir / rundir.EVAL)
-    probes = rundir.field(ev, "probes", src, default=None) or {}
+    probes = rundir.field(ev, "probes", src, default=None, kind=(dict, NONE)) or {}
+    weights = rundir.field(ev, "weights", src, default=None, kind=(dict, NONE)) or {}
     tasks = rundir.field(ev, "tasks", src, kind=dict)
+    num = {k: _number(ev, k, src) for k in ("capability_dispatch_off", "toggle")}
+    num |= {k: _number(ev, f"probes.{k}", src) for k in PROBE_KEYS}
+    num |= {k: _number(ev, f"probes.{k}", src, kind=(int,)) for k in ("r_at_1_batch_size", "dim")}
     raw = rundir.read_run_json(run_dir, rundir.CONFIG, required=False)
     config = None if raw is None else {k: v for k, v in raw.items() if k not in OPERATIONAL}
     vs_e1 = comparability.judge(raw, ev, rundir.read_run_json(run_dir, rundir.MANIFEST,
@@ -63,16 +84,12 @@ def row_from_eval(run_dir: Path) -> dict:
     return {
         "run": rundir.field(ev, "run_id", src, kind=str), "kind": "run",
         "arm": rundir.field(ev, "arm", src, kind=str), "seed": ev.get("seed"),
-        "capability": rundir.field(ev, "capability", src, kind=(int, float)),
-        "capability_dispatch_off": ev.get("capability_dispatch_off"),
-        "toggle": ev.get("toggle"),
-        "r_at_1": probes.get("r_at_1"), "r_at_1_batch_size": probes.get("r_at_1_batch_size"),
-        "cos_target": probes.get("cos_target"), "erank": probes.get("erank"),
-        "dim": probes.get("dim"),
-        "tasks": {name: rundir.field(t, "spearman", f"{src} tasks.{name}") for name, t in tasks.items()},
+        "capability": _number(ev, "capability", src, required=True), **num,
+        "tasks": {name: _number(t, "spearman", f"{src} tasks.{name}", required=True)
+                  for name, t in tasks.items()},
         "eval_data_fingerprint": ev.get("eval_data_fingerprint"),
-        "weights_sha256": (ev.get("weights") or {}).get("sha256"),
-        "weights": _weights(ev),
+        "weights_sha256": weights.get("sha256"),
+        "weights": _weights(weights),
         "task_set": sorted(tasks),
         "tasks_fingerprint": sha256_json({n: (t.get("fingerprint") if isinstance(t, dict) else None)
                                           for n, t in tasks.items()}),

@@ -6,26 +6,49 @@ complete snapshots or not at all, and a pull fetches every file at the head comm
 once. Token and endpoint are huggingface_hub's (HF_TOKEN, HF_ENDPOINT).
 
 Others may write the repo: a listed name that is not a plain relative path is refused,
-listed sizes are checked before a download (no index over INDEX_MAX, no file of another
-size than its index records), and commits and ETags must be hex digests (`aleph._hub`).
+listed sizes are checked before a download (a size must be listed: no index over INDEX_MAX,
+no file of another size than its index records), and commits and ETags must be hex digests
+(`aleph._hub`). A download is bounded in bytes and time (`aleph.data.fetch_http`: the HEAD's
+size must be the listed one, the GET writes at most that many bytes, within a deadline of
+`PULL_LIMITS.head_timeout_s` + size / `min_rate`, cut when slower than `min_rate`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aleph.sync.index as ix
-from aleph._hub import check_commit, guard_hub
+from aleph._hub import check_commit, check_etag
+from aleph._io import open_write_nofollow, read_chunked, short_repr
 from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
 from aleph.sync.select import Item
 
 INDEX_NAME = ".aleph-sync.json"
 BRANCH = "main"
+
+
+@dataclass(frozen=True)
+class PullLimits:
+    """The time bounds of one hub download (its bytes: the size listed)."""
+
+    min_rate: float = 32 * 1024
+    """Bytes/s a body must average over each `window_s`, else refused."""
+    window_s: float = 60.0
+    """Seconds over which `min_rate` is measured; also the longest wait for one read."""
+    answer_s: float = 60.0
+    """Seconds for the answer's headers; the deadline is this + size / min_rate."""
+
+
+PULL_LIMITS = PullLimits()
 
 
 class HubDestination(Destination):
@@ -36,6 +59,7 @@ class HubDestination(Destination):
         self.api = HfApi(endpoint=endpoint)
         self._created = False
         self._sizes: dict[str, dict[str, int | None]] = {}  # commit -> {file: size listed}
+        self.limits = PULL_LIMITS
 
     @contextlib.contextmanager
     def _calling(self, what: str) -> Iterator[None]:
@@ -70,18 +94,22 @@ class HubDestination(Destination):
         self._sizes[info.sha] = sizes
         return info.sha, list(sizes)
 
-    def _check_size(self, name: str, revision: str, size: int | None, most: int | None) -> None:
-        """Refuse, before downloading it, a file whose size the listing reports as other than
-        `size` (or above `most`); a hub that reports none is checked after the download."""
+    def _check_size(self, name: str, revision: str, size: int | None, most: int | None) -> int:
+        """The listed size of `name`; refused, before downloading it, when the listing gives
+        none, or one other than `size` (or above `most`)."""
         if revision not in self._sizes:
             self._head(revision)
         listed = self._sizes.get(revision, {}).get(name)
-        if listed is not None and ((size is not None and listed != size)
-                                   or (most is not None and listed > most)):
+        if type(listed) is not int or listed < 0:
+            raise SyncError(f"sync destination {self.spec}@{revision[:12]}: {name}: listed "
+                            f"without a size ({short_repr(listed, 40)}), expected its size in "
+                            "bytes (a pull downloads at most that many); not downloaded")
+        if (size is not None and listed != size) or (most is not None and listed > most):
             want = (f"{size:,} B as its index records" if size is not None else
                     f"at most {most:,} B (the cap on an index)")
             raise SyncError(f"sync destination {self.spec}@{revision[:12]}: {name}: listed as "
                             f"{listed:,} B, expected {want}; not downloaded")
+        return listed
 
     def runs(self) -> list[str]:
         head = self._head()
@@ -97,22 +125,47 @@ class HubDestination(Destination):
         if head is None or name not in head[1]:
             return None
         where = f"{self.spec}@{head[0][:12]}:{name}"
-        self._check_size(name, head[0], None, ix.INDEX_MAX)
+        size = self._check_size(name, head[0], None, ix.INDEX_MAX)
         with tempfile.TemporaryDirectory(prefix="aleph-sync-") as tmp:
-            with open(self._download(name, head[0], Path(tmp)), "rb") as f:
-                data = f.read(ix.INDEX_MAX + 1)  # bounded: one byte more tells "too large"
-        if len(data) > ix.INDEX_MAX:
-            raise SyncError(f"sync destination {where}: larger than {ix.INDEX_MAX:,} B (the cap on "
-                            "an index)")
+            self._download(name, head[0], Path(tmp) / "index", size)
+            data = read_chunked(Path(tmp) / "index", ix.INDEX_MAX)
         return Snapshot(ix.parse(data, where), head[0])
 
-    def _download(self, name: str, revision: str, local_dir: Path) -> Path:
-        from huggingface_hub import hf_hub_download
+    def _download(self, name: str, revision: str, out: Path, size: int) -> None:
+        """At most `size` bytes of `name` at `revision` into `out`, by one GET: its ETag and
+        commit checked (`aleph._hub`), a Content-Length or encoding other than the file's own
+        refused before a byte is written, the body at its first byte past `size`, at the
+        deadline (`PullLimits`), or below the minimum rate."""
+        import httpx
+        from huggingface_hub import get_token, hf_hub_url
+        from huggingface_hub.utils import get_session, hf_raise_for_status
 
-        guard_hub()  # the file's ETag and commit checked before the library uses them
-        with self._calling(f"downloading {name} at {revision[:12]}"):
-            return Path(hf_hub_download(self.repo_id, name, revision=revision,
-                                        local_dir=local_dir, endpoint=self.endpoint))
+        url = hf_hub_url(self.repo_id, name, revision=revision, endpoint=self.endpoint)
+        what, lim = f"downloading {name} at {revision[:12]}", self.limits
+        headers = {"Accept-Encoding": "identity", "User-Agent": "aleph-e1/runs-pull"}
+        if token := get_token():
+            headers["Authorization"] = f"Bearer {token}"  # httpx drops it across origins
+        deadline = time.monotonic() + lim.answer_s + size / lim.min_rate
+        late = SyncError(f"sync destination {self.spec}: {what}: not done within its deadline "
+                         f"({lim.answer_s:g} s + {size:,} B at {lim.min_rate:,.0f} B/s); "
+                         "nothing pulled")
+        with self._calling(what), _alarm(deadline, late), get_session().stream(
+                "GET", url, headers=headers, follow_redirects=True,
+                timeout=httpx.Timeout(lim.window_s)) as r:
+            hf_raise_for_status(r)
+            hub = (r.history or [r])[0].headers  # the hub's own answer, before any redirect
+            if (commit := hub.get("x-repo-commit")) is not None:
+                check_commit(commit, f"hub answer for {short_repr(url, 200)}")
+            check_etag((hub.get("x-linked-etag") or hub.get("etag") or "").removeprefix("W/")
+                       .strip('"'), url)
+            length, coding = r.headers.get("content-length"), r.headers.get("content-encoding")
+            if (length is not None and length.strip() != str(size)) or coding not in (
+                    None, "", "identity"):
+                raise SyncError(f"sync destination {self.spec}: {what}: the answer has "
+                                f"Content-Length {short_repr(length, 40)}, Content-Encoding "
+                                f"{short_repr(coding, 40)}; expected {size:,} B as listed, "
+                                "unencoded; nothing written")
+            _copy(r, out, size, deadline, lim, late, f"sync destination {self.spec}: {what}")
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
                 previous: Snapshot | None, rewrite: frozenset[str] = frozenset()) -> str:
@@ -139,6 +192,48 @@ class HubDestination(Destination):
 
     def fetch(self, run: str, snap: Snapshot, rel: str, out: Path, scratch: Path) -> None:
         name = f"{run}/{rel}"
-        self._check_size(name, snap.revision, snap.files[rel]["size"], None)
-        got = self._download(name, snap.revision, scratch)
-        os.replace(got, out)
+        size = self._check_size(name, snap.revision, snap.files[rel]["size"], None)
+        self._download(name, snap.revision, out, size)
+
+
+@contextlib.contextmanager
+def _alarm(deadline: float, late: Exception) -> Iterator[None]:
+    """`late` raised at `deadline` (time.monotonic()) whatever the code inside waits on
+    (per-read timeouts cannot bound headers trickled byte by byte). SIGALRM: in the main
+    thread only; elsewhere the per-read timeout and the body's checks alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum, frame):
+        raise late
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _copy(r, out: Path, size: int, deadline: float, lim: PullLimits, late: Exception,
+          where: str) -> None:
+    """The raw body of `r` into `out` (no link, no FIFO): at most `size` bytes, refused at
+    the first byte more, at `deadline`, or when slower than `lim.min_rate` over a window."""
+    got, window, since = 0, 0, time.monotonic()
+    with os.fdopen(open_write_nofollow(out, truncate=True), "wb") as f:
+        for chunk in r.iter_raw():
+            if got + len(chunk) > size:
+                raise SyncError(f"{where}: the body is longer than the {size:,} B listed; "
+                                "refused at its first byte more, nothing pulled")
+            f.write(chunk)
+            got, window, now = got + len(chunk), window + len(chunk), time.monotonic()
+            if now > deadline:
+                raise late
+            if now - since >= lim.window_s:
+                if window / (now - since) < lim.min_rate:
+                    raise SyncError(f"{where}: {window / (now - since):,.0f} B/s over "
+                                    f"{now - since:.1f} s, below the minimum "
+                                    f"{lim.min_rate:,.0f} B/s; nothing pulled")
+                since, window = now, 0

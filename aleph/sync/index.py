@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aleph._io import RUNS_DIR, plain_relative
+from aleph._io import RUNS_DIR, parse_json_bytes, plain_relative, short_repr
 from aleph.errors import AlephError
 
 SCHEMA = "aleph-sync/1"
 INDEX_MAX = 8 << 20
 """Largest index read: ~50,000 files of ~150 B entries, a hundred times what a run syncs."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)?")  # utc_now()
 
 
 class SyncError(AlephError):
@@ -74,8 +75,8 @@ def encode(index: dict) -> bytes:
 def parse(data: bytes, where: str) -> dict[str, Any]:
     """Decode and validate an index; errors name `where` and the field at fault."""
     try:
-        index = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+        index = parse_json_bytes(data)
+    except ValueError as e:  # invalid JSON, not UTF-8, nested too deeply
         raise SyncError(f"{where}: not a sync index (invalid JSON: {e})") from None
     if not isinstance(index, dict) or index.get("schema") != SCHEMA:
         got = index.get("schema") if isinstance(index, dict) else type(index).__name__
@@ -83,6 +84,12 @@ def parse(data: bytes, where: str) -> dict[str, Any]:
     check_rel(str(index.get("run", "")), f"{where} field 'run'")
     if not str(index["run"]).startswith(RUNS_DIR + "/"):
         raise SyncError(f"{where}: field 'run' {index['run']!r}, expected {RUNS_DIR}/<run>")
+    step, when = index.get("step"), index.get("time")
+    if step is not None and not (type(step) is int and step >= 0):  # echoed by pull: checked
+        raise SyncError(f"{where}: field 'step' is {short_repr(step, 80)}, expected None or an "
+                        "integer >= 0")
+    if not (isinstance(when, str) and _TIME.fullmatch(when)):
+        raise SyncError(f"{where}: field 'time' is {short_repr(when, 80)}, expected an ISO-8601 time")
     files = index.get("files")
     if not isinstance(files, dict):
         raise SyncError(f"{where}: field 'files' missing (expected a mapping path -> sha256, size)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -110,7 +111,7 @@ class Syncer:
                 if final and n >= limit:
                     self.log(f"sync: final push to {self.dest.spec} failed (attempt {n} of "
                              f"{limit}): {why}; giving up; the destination keeps {self._kept()}; "
-                             f"push later with `aleph runs push {self.run_dir}`")
+                             f"push later with `aleph runs push {shlex.quote(str(self.run_dir))}`")
                     return
                 wait = FINAL_RETRY_S * n if final else min(RETRY_FIRST_S * 2 ** (n - 1), RETRY_MAX_S)
                 goes_on = "" if final else "training continues; "

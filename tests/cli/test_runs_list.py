@@ -101,3 +101,30 @@ def test_runs_list_names_a_damaged_run_and_lists_the_others(tmp_path, capsys):
                     "a3_random-s1": "nested too deeply to parse; expected a JSON object",
                     "a3_random-s2": "format_version 2, expected 1 (written by another version "
                                     "of aleph-e1; this one reads only its own)"}
+
+
+def test_runs_list_refuses_an_oversized_or_fifo_record_in_one_line(tmp_path, capsys):
+    """A pulled run's metrics.json of 20 MiB, or a FIFO, is one damaged line: read at most
+    16 MiB + 1 byte, never waited on (a FIFO nobody writes to would block a plain open)."""
+    big = _run(tmp_path, "a1_anchored-s0", ["stopped"])
+    (big / "metrics.json").write_bytes(b'{"step": 1, "pad": "' + b"x" * (20 << 20) + b'"}')
+    fifo = _run(tmp_path, "a2_dense-s0", ["stopped"])
+    (fifo / "metrics.json").unlink()
+    os.mkfifo(fifo / "metrics.json")
+    _run(tmp_path, "a3_random-s0", ["stopped"], step=10)
+    assert main(["runs", "list", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    notes = {n.split(": damaged: ")[0]: n.split(": damaged: ")[1] for n in out if ": damaged: " in n}
+    assert notes == {
+        "a1_anchored-s0": f"{big / 'metrics.json'}: larger than the 16,777,216 B this input may have",
+        "a2_dense-s0": f"{fifo / 'metrics.json'}: not a regular file (a FIFO): expected a regular file"}
+    assert any(line.split()[:3] == ["a3_random-s0", "stopped", "10/128"] for line in out)
+
+
+def test_a_run_name_with_shell_characters_is_quoted_in_the_hint(tmp_path, capsys, monkeypatch):
+    """A pulled run may be named anything plain_relative allows: the command to copy is quoted."""
+    _run(tmp_path, "smoke/x;touch pwned;#", ["complete"], final=True, step=128)
+    monkeypatch.setenv("ALEPH_WORK", str(tmp_path))
+    assert main(["runs", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "no: `aleph eval 'smoke/x;touch pwned;#'`" in out

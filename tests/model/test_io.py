@@ -59,3 +59,13 @@ def test_config_of_another_arm_is_a_mismatch(tmp_path, tiny):
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="not available"):
         load_model(tmp_path / "w")
+
+
+def test_a_config_nested_too_deeply_is_one_line(tmp_path, tiny):
+    """A pulled run's model_config.json of 1,000,000 B of `[`/`]` (under the 1 MiB cap)."""
+    save_weights(build_model(tiny("a2_dense")), tmp_path / "w")
+    (tmp_path / "w" / CONFIG).write_bytes(b"[" * 500_000 + b"]" * 500_000)
+    with pytest.raises(ConfigError) as e:
+        load_model(tmp_path / "w")
+    assert str(e.value) == (f"{tmp_path / 'w' / CONFIG}: not valid JSON (JSON nested too deeply "
+                            "to parse; expected a shallow document)")

@@ -9,6 +9,7 @@ from fixtures.runs import make_run
 
 from aleph._io import atomic_write_json
 from aleph.cli import main
+from aleph.errors import DataError
 from aleph.report import published, table
 from aleph.report.render import markdown
 
@@ -203,3 +204,30 @@ def test_the_picture_title_names_the_preset_the_runs_trained(tmp_path):
     runs = [r for r in table.build([smoke, e1])["rows"] if r["kind"] == "run"]
     assert plot._title(runs[:1]) == "smoke runs: s (not comparable to P: s)"
     assert plot._title(runs) == "e1 + smoke runs: s, e (not comparable to P: s, e)"
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda d: d.update(probes="x"), "field 'probes' has type str"),
+    (lambda d: d.update(weights="x"), "field 'weights' has type str"),
+    (lambda d: d["probes"].update(r_at_1="x"), "field 'probes.r_at_1' has type str"),
+    (lambda d: d["probes"].update(erank=[1]), "field 'probes.erank' has type list"),
+    (lambda d: d["probes"].update(r_at_1_batch_size="256"), "field 'probes.r_at_1_batch_size' has type str"),
+    (lambda d: d.update(toggle=True), "field 'toggle' has type bool"),
+    (lambda d: d.update(capability=float("nan")), "field 'capability' is nan, expected a finite number"),
+    (lambda d: d.update(capability_dispatch_off=float("inf")),
+     "field 'capability_dispatch_off' is inf, expected a finite number"),
+    (lambda d: d["tasks"]["stsb"].update(spearman="x"), "tasks.stsb: field 'spearman' has type str"),
+])
+def test_a_field_of_eval_json_of_the_wrong_type_is_one_line(tmp_path, capsys, edit, says):
+    """A pulled run's eval.json: every field the table formats is checked (no traceback,
+    never a bare NaN in report.json)."""
+    run = fake_eval(tmp_path / "a2_dense-s0", "a2_dense", 0, 0.6, off=0.5)
+    data = json.loads((run / "eval.json").read_text())
+    edit(data)
+    (run / "eval.json").write_text(json.dumps(data))
+    with pytest.raises(DataError) as e:
+        table.build([run])
+    assert str(e.value).startswith(f"{run / 'eval.json'}") and str(e.value).endswith(says)
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().endswith(says)
+    assert not (tmp_path / "out").exists()

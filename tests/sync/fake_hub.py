@@ -44,6 +44,8 @@ class FakeHub:
         self.token = token
         self.repos: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []
+        self.listed: dict[str, int | None] = {}  # path -> the size the listing says instead
+        self.bodies: dict[str, object] = {}  # path -> fn(handler) answering its GET instead
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -147,8 +149,8 @@ def _handler(hub: FakeHub):
                 return
             sha, files = found
             self._json(200, {"id": repo, "sha": sha, "private": True,
-                             "siblings": [{"rfilename": p, "size": hub.blob(files[p]).stat().st_size}
-                                          for p in sorted(files)]})
+                             "siblings": [{"rfilename": p, "size": hub.listed.get(
+                                 p, hub.blob(files[p]).stat().st_size)} for p in sorted(files)]})
 
         def preupload(self, repo: str, rev: str) -> None:
             body = json.loads(self._body())
@@ -194,6 +196,12 @@ def _handler(hub: FakeHub):
             sha, files = found
             if path not in files:
                 self._missing(f"{path} at {rev}", "EntryNotFound")
+                return
+            if self.command == "GET" and path in hub.bodies:
+                try:
+                    hub.bodies[path](self)
+                except OSError:  # the client hung up: what a bounded pull does
+                    pass
                 return
             data = hub.blob(files[path]).read_bytes()
             self.send_response(200)

@@ -4,11 +4,13 @@ through the CLI (exit 2, no traceback, token masked), and nothing is left behind
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from aleph.sync import push
-from aleph.sync.hub import INDEX_NAME, HubDestination
-from aleph.sync.index import INDEX_MAX
+from aleph.sync import pull, push
+from aleph.sync.hub import INDEX_NAME, HubDestination, PullLimits
+from aleph.sync.index import INDEX_MAX, SyncError
 from tests.sync.fake_hub import FakeHub
 from tests.sync.test_hostile_dir import RUN, cli, one_line_refusal, small_run
 
@@ -67,3 +69,86 @@ def test_a_file_listed_at_another_size_than_its_index_records_is_not_downloaded(
                      "100,000 B as its index records")
     assert _gets(hub, "model.safetensors") == []
     assert not (into / "runs").exists() and not list(into.glob(".aleph-pull-*"))
+
+
+def _answer(handler, chunks, headers=(), etag="ab" * 20) -> None:
+    """A hostile GET answer: the `headers`, then every chunk of `chunks` (an iterable of
+    (bytes, seconds to wait first)) chunked, until the pull hangs up; 30 s at most."""
+    handler.send_response(200)
+    for k, v in (("ETag", f'"{etag}"'), ("X-Repo-Commit", "cd" * 20), *headers):
+        handler.send_header(k, v)
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    end = time.monotonic() + 30
+    for data, wait in chunks:
+        time.sleep(wait)
+        handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        handler.wfile.flush()
+        handler.sent = getattr(handler, "sent", 0) + len(data)
+        if time.monotonic() > end:
+            return
+
+
+def _pull(hub: FakeHub, into, limits: PullLimits | None = None) -> str:
+    """The one-line SyncError of an in-process pull (within 20 s, else the test fails)."""
+    dest = HubDestination(REPO_ID, endpoint=hub.endpoint)
+    if limits is not None:
+        dest.limits = limits
+    t0 = time.monotonic()
+    with pytest.raises(SyncError) as e:
+        pull(dest, into)
+    assert time.monotonic() - t0 < 20
+    assert not (into / "runs").exists() and not list(into.glob(".aleph-pull-*"))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_an_index_listed_without_a_size_is_not_downloaded(hub, tmp_path):
+    hub.listed[f"{RUN}/{INDEX_NAME}"] = None
+    msg = _pull(hub, tmp_path / "into")
+    assert f"{RUN}/{INDEX_NAME}: listed without a size (None)" in msg and msg.endswith(
+        "not downloaded")
+    assert _gets(hub, INDEX_NAME) == []
+
+
+def test_a_body_longer_than_listed_is_refused_at_its_first_byte_more(hub, tmp_path):
+    """The listing and the index say 100,000 B; the GET sends 64 MiB (or would, forever)."""
+    name = f"{RUN}/weights/final/model.safetensors"
+    sent = []
+
+    def endless(handler):
+        try:
+            _answer(handler, ((b"\0" * (1 << 20), 0) for _ in range(64)))
+        finally:
+            sent.append(getattr(handler, "sent", 0))
+    hub.bodies[name] = endless
+    msg = _pull(hub, tmp_path / "into")
+    assert msg.endswith(f"downloading {name} at {_head_sha(hub)[:12]}: the body is longer than "
+                        "the 100,000 B listed; refused at its first byte more, nothing pulled")
+    time.sleep(0.5)
+    assert sent and sent[0] < 32 << 20  # the pull hung up: the server could not send it all
+
+
+@pytest.mark.parametrize("how", ["body", "headers"])
+def test_a_trickling_answer_ends_at_the_minimum_rate_or_the_deadline(hub, tmp_path, how):
+    """One byte every 0.1 s: the body is refused below the minimum rate; headers trickled
+    byte by byte are ended by the deadline (each read alone would wait forever)."""
+    name = f"{RUN}/{INDEX_NAME}"
+
+    def trickle(handler):
+        if how == "body":
+            _answer(handler, ((b" ", 0.1) for _ in range(300)))
+            return
+        for byte in b"HTTP/1.1 200 OK\r\nX-Padding: " + b"x" * 300:
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+            time.sleep(0.1)
+    hub.bodies[name] = trickle
+    msg = _pull(hub, tmp_path / "into", PullLimits(min_rate=1000.0, window_s=1.0, answer_s=1.0))
+    assert msg.startswith(f"sync destination hf:{REPO_ID}: downloading {name} at ")
+    assert ("below the minimum 1,000 B/s; nothing pulled" if how == "body" else
+            "not done within its deadline (1 s + ") in msg  # + the index's size / rate
+
+
+def _head_sha(hub: FakeHub) -> str:
+    return hub.repos[REPO_ID]["head"]
