@@ -5,7 +5,6 @@ Read only: the trainer writes these files (docs/ARCHITECTURE.md, "Run directory"
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ run_dir = run_dir_for  # a campaign run's directory is the trainer's own, from i
 def _manifest(rd: Path) -> dict[str, Any] | None:
     try:
         data = read_json(RunLayout(rd).manifest)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: bad JSON, not UTF-8, nested too deeply
         return None
     return data if isinstance(data, dict) else None
 
@@ -48,7 +47,7 @@ def config_conflict(rd: Path, cfg) -> str | None:
     path = RunLayout(rd).config
     try:
         saved = read_json(path)
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         return f"{path}: unreadable ({e})"
     try:
         check_same_run(layout.config_fields(path, saved), cfg)

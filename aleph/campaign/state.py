@@ -12,7 +12,6 @@ campaign process watched it, how unknown).
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ class State:
                               "processes": [], "finish": None})
         try:
             data = read_json(path)
-        except json.JSONDecodeError as e:
+        except ValueError as e:  # bad JSON, not UTF-8, nested too deeply
             raise DataError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); it is written "
                             "atomically, so it was edited by hand: restore it or remove the "
                             "campaign directory to start over") from None

@@ -8,7 +8,6 @@ requeues on), 1 otherwise.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -53,7 +52,7 @@ def _spec(name: str) -> tuple[Spec, dict]:
         ident = data["spec"]
         spec = Spec(name, ident["preset"], ident["config"], tuple(ident["overrides"]),
                     tuple(ident["arms"]), tuple(ident["seeds"]))
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: not a campaign state ({type(e).__name__}: {e})") from None
     return spec, data
 

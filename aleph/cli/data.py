@@ -34,7 +34,7 @@ def _tokens(args) -> int:
     from aleph.data import build_token_store, load_tokenizer, tokenizer_fingerprint
     from aleph.data.captions import open_captions
     from aleph.data.tokenizer import configure_threads
-    from aleph.data.tokens import token_store_dir
+    from aleph.data.tokens import STORE_MANIFEST, token_store_dir
 
     where = [Path(args.out)] if args.out else []  # the store, once its path is known
 
@@ -59,7 +59,7 @@ def _tokens(args) -> int:
                 f"{store.max_len} tokens, pad id {store.pad_id} ({threads}{timing})")
 
     def kept(signame: str) -> str:
-        if where and (where[0] / "manifest.json").is_file():
+        if where and (where[0] / STORE_MANIFEST).is_file():
             return f"stopped by {signame}: the token store {where[0]} is complete"
         return (f"stopped by {signame} before the token store was complete: nothing was kept "
                 "(a store is written whole or not at all)")

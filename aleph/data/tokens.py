@@ -38,6 +38,7 @@ from aleph.data.captions import CaptionsHasher, CaptionSource
 from aleph.data.tokenizer import configure_threads, tokenizer_fingerprint
 from aleph.errors import DataError, StoreError
 
+STORE_MANIFEST = "manifest.json"  # written last: a store counts once it exists
 MANIFEST_MAX_BYTES = 16 << 20  # a token store manifest is a few hundred bytes
 FORMAT = "aleph-token-store"
 VERSION = 1  # unchanged by streaming builds: same layout, same bytes, same captions digest
@@ -167,14 +168,14 @@ def _build(out_dir: Path, src, rows: int, tokenizer, want: dict, batch: int,
                             f"{expect_sha256} was expected (hashed earlier, or memoised in "
                             "<work>/cache/captions-sha256/): the captions changed in between; "
                             "remove the stale memo and rerun")
-        atomic_write_json(tmp / "manifest.json", {
+        atomic_write_json(tmp / STORE_MANIFEST, {
             "format": FORMAT, "version": VERSION, "rows": rows,
             "pad_id": int(tokenizer.pad_token_id), "captions_sha256": digest, **want,
             "files": files})
         try:
             os.rename(tmp, out_dir)  # fails if out_dir appeared meanwhile (another builder)
         except OSError:
-            if not (out_dir / "manifest.json").is_file():
+            if not (out_dir / STORE_MANIFEST).is_file():
                 raise
         else:
             fsync_dir(out_dir.parent)
@@ -261,7 +262,7 @@ def open_token_store(path: str | Path, verify_hashes: bool = False) -> TokenStor
     """Open a store read-only, its manifest checked against the arrays' headers and lengths
     (`verify_hashes`: and their sha256, reading every byte)."""
     path = Path(path)
-    man_path = path / "manifest.json"
+    man_path = path / STORE_MANIFEST
     if not man_path.is_file():
         raise StoreError(f"token store {path}: no manifest.json (not a store, or incomplete)")
     try:  # a regular file of bounded size and depth, no link followed

@@ -40,8 +40,9 @@ def require_trained(run_dir: Path, config: dict) -> None:
         if state["step"] is not None else ""
     how = (f"last launch {launch.get('launch_id')} {state['status']}{at}" if launch
            else "no launch recorded in manifest.json")
-    cmd = (f"aleph train --arm {config.get('arm', '<arm>')} --seed {config.get('seed', '<seed>')} "
-           f"--preset {config.get('preset', '<preset>')} (with the run's other options)")
+    cmd = (f"aleph train --arm {shlex.quote(str(config.get('arm', '<arm>')))} --seed "
+           f"{shlex.quote(str(config.get('seed', '<seed>')))} --preset "
+           f"{shlex.quote(str(config.get('preset', '<preset>')))} (with the run's other options)")
     todo = ("wait for it to finish" if state["status"] == "running"
             else f"resume it with the command that started it, e.g. `{cmd}`")
     saved = rundir.step_weights(run_dir)

@@ -20,7 +20,7 @@ DATA = Path(__file__).with_name("published_e1.json")
 def load_published(path: Path = DATA) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise DataError(f"{path}: cannot read the published E1 figures ({e})") from e
     for i, row in enumerate(data.get("runs", [])):
         for key in ("run", "arm", "seed", "capability"):

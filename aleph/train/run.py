@@ -196,8 +196,8 @@ def summary(run_dir: Path, status: str, log_path: Path, again: str | None,
                      f"it continues from the last resume state in {run.checkpoints}/")
         saved = sorted(run.weights.glob("step-*"))
         if saved:
-            lines.append(f"  or evaluate the newest saved weights now: `aleph eval {ref} "
-                         f"--weights {saved[-1]}`")
+            lines.append(f"  or evaluate the newest saved weights now: `aleph eval "
+                         f"{shlex.quote(ref)} --weights {shlex.quote(str(saved[-1]))}`")
     return "\n".join(lines)
 
 
