@@ -9,10 +9,12 @@ signal. SIGKILL (or Ctrl-\\, SIGQUIT) is the force. Here, not in aleph.train, fo
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 from aleph._io import console
 from aleph.errors import EXIT_STOPPED
@@ -126,3 +128,24 @@ def run_until_stop(command: str, body: Callable[[], int | str], kept: Callable[[
     else:
         stop.restore()
     return 0 if isinstance(done, str) else done
+
+
+@contextlib.contextmanager
+def alarm_at(deadline: float, late: BaseException) -> Iterator[None]:
+    """`late` raised at `deadline` (time.monotonic()) whatever the code inside waits on
+    (per-read timeouts cannot bound headers trickled byte by byte). SIGALRM: in the main
+    thread only; elsewhere the caller's per-read bounds alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum, frame):
+        raise late
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -15,16 +15,15 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
 import stat
-import threading
 import time
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 from aleph._io import NotRegularFile, file_kind, open_write_nofollow
+from aleph._signals import alarm_at
 from aleph.errors import ConfigError, DataError
 
 ENV_PREFIX = "ALEPH_FETCH_"  # ALEPH_FETCH_DEADLINE_S=30 overrides FetchLimits.deadline_s
@@ -77,26 +76,11 @@ class TransferCut(Exception):
     """A transfer that stopped early and may be resumed (network error, too slow)."""
 
 
-@contextmanager
 def hard_deadline(deadline: float, what: str):
-    """A DataError naming `what` at `deadline` (time.monotonic()), whatever the code inside
-    waits on (per-read timeouts cannot bound headers trickled byte by byte). SIGALRM: in
-    the main thread only; elsewhere the per-read bounds alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def fire(signum, frame):
-        raise DataError(f"{what}: no answer within its deadline; refused (limits: "
-                        f"{ENV_PREFIX}HEAD_TIMEOUT_S, {ENV_PREFIX}DEADLINE_S)")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 0.001))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+    """A DataError naming `what` at `deadline` (time.monotonic()): `_signals.alarm_at`."""
+    return alarm_at(deadline, DataError(f"{what}: no answer within its deadline; refused "
+                                        f"(limits: {ENV_PREFIX}HEAD_TIMEOUT_S, "
+                                        f"{ENV_PREFIX}DEADLINE_S)"))
 
 
 def _origin(url: str) -> tuple[str, str]:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from pathlib import Path
 import aleph.sync.index as ix
 from aleph._hub import check_commit, check_etag
 from aleph._io import open_write_nofollow, read_chunked, short_repr
+from aleph._signals import alarm_at
 from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
 from aleph.sync.select import Item
@@ -149,7 +148,7 @@ class HubDestination(Destination):
         late = SyncError(f"sync destination {self.spec}: {what}: not done within its deadline "
                          f"({lim.answer_s:g} s + {size:,} B at {lim.min_rate:,.0f} B/s); "
                          "nothing pulled")
-        with self._calling(what), _alarm(deadline, late), get_session().stream(
+        with self._calling(what), alarm_at(deadline, late), get_session().stream(
                 "GET", url, headers=headers, follow_redirects=True,
                 timeout=httpx.Timeout(lim.window_s)) as r:
             hf_raise_for_status(r)
@@ -194,27 +193,6 @@ class HubDestination(Destination):
         name = f"{run}/{rel}"
         size = self._check_size(name, snap.revision, snap.files[rel]["size"], None)
         self._download(name, snap.revision, out, size)
-
-
-@contextlib.contextmanager
-def _alarm(deadline: float, late: Exception) -> Iterator[None]:
-    """`late` raised at `deadline` (time.monotonic()) whatever the code inside waits on
-    (per-read timeouts cannot bound headers trickled byte by byte). SIGALRM: in the main
-    thread only; elsewhere the per-read timeout and the body's checks alone."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def fire(signum, frame):
-        raise late
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic(), 0.001))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _copy(r, out: Path, size: int, deadline: float, lim: PullLimits, late: Exception,
