@@ -11,10 +11,9 @@ import os
 import re
 import shutil
 import stat
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from aleph.errors import QuotaError
 
@@ -439,19 +438,3 @@ def work_root() -> Path:
     """The work root: $ALEPH_WORK, default ./work (data/, cache/, runs/ live under it)."""
     return Path(os.environ.get("ALEPH_WORK", "work")).absolute()
 
-
-def console(text: str, stream: TextIO | None = None) -> bool:
-    """Print `text` to `stream` (default sys.stdout) and flush; False when the console is
-    gone (a closed pipe, a hung-up terminal: EPIPE, EIO). Its descriptor then points at
-    /dev/null, so later prints and the exit's flush cannot fail either: a console that went
-    away never changes how a command ends (its logs keep every line)."""
-    stream = stream if stream is not None else sys.stdout
-    try:
-        print(text, file=stream, flush=True)
-        return True
-    except OSError:
-        with contextlib.suppress(OSError, ValueError):
-            null = os.open(os.devnull, os.O_WRONLY)  # nofollow-ok: the system's /dev/null
-            os.dup2(null, stream.fileno())
-            os.close(null)
-        return False

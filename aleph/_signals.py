@@ -1,5 +1,6 @@
 """One stop for any number of stop signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2): the
-handler every stoppable command installs.
+handler every stoppable command installs; `console`, printing that a console gone away
+cannot break; `alarm_at`, a deadline whatever the code inside waits on.
 
 Slurm sends SIGTERM twice within milliseconds (slurmstepd, then srun) and torchrun forwards
 its own again, so a second signal must not kill the save or cleanup the first one started.
@@ -10,13 +11,15 @@ signal. SIGKILL (or Ctrl-\\, SIGQUIT) is the force. Here, not in aleph.train, fo
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TextIO
 
-from aleph._io import console
 from aleph.errors import EXIT_STOPPED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -24,6 +27,23 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, si
 _STOPPABLE = (("train",), ("targets", "extract"), ("targets", "consensus"), ("targets", "build"),
               ("data", "tokens"))
 _held: list[str] = []  # names of the stop signals that came before the StopFlag
+
+
+def console(text: str, stream: TextIO | None = None) -> bool:
+    """Print `text` to `stream` (default sys.stdout) and flush; False when the console is
+    gone (a closed pipe, a hung-up terminal: EPIPE, EIO). Its descriptor then points at
+    /dev/null, so later prints and the exit's flush cannot fail either: a console that went
+    away never changes how a command ends (its logs keep every line)."""
+    stream = stream if stream is not None else sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)  # nofollow-ok: the system's /dev/null
+            os.dup2(null, stream.fileno())
+            os.close(null)
+        return False
 
 
 def hold_early(argv: list[str]) -> None:

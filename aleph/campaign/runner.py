@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from aleph._io import console, open_write_nofollow
-from aleph._signals import STOP_SIGNALS
+from aleph._io import open_write_nofollow
+from aleph._signals import STOP_SIGNALS, console
 from aleph.campaign import procs, rundirs
 from aleph.campaign.spec import Device, Spec
 from aleph.campaign.state import (

@@ -16,8 +16,7 @@ import pkgutil
 import sys
 
 from aleph import __version__
-from aleph._io import console
-from aleph._signals import hold_early
+from aleph._signals import console, hold_early
 from aleph.errors import AlephError, PeerLost
 
 

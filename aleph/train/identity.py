@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from aleph._io import RUNS_DIR, console, open_write_nofollow, work_root
+from aleph._io import RUNS_DIR, open_write_nofollow, work_root
+from aleph._signals import console
 from aleph.errors import ConfigError, DataError, RunLocked
 from aleph.record.layout import RunLayout
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from aleph._io import atomic_write_json, console, read_json
+from aleph._io import atomic_write_json, read_json
+from aleph._signals import console
 from aleph.errors import EXIT_STOPPED, AlephError, ConfigError, PeerLost
 from aleph.record import heartbeat, provenance
 from aleph.record.fingerprint import Tracer
