@@ -19,6 +19,7 @@ import pickle
 import stat
 import struct
 import warnings
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -175,7 +176,14 @@ def _unpickler_reason(e: Exception) -> str:
 
 
 def _load_pt(path: str) -> tuple[torch.Tensor, str | None]:
-    """Load a .pt with weights_only=True (mapped when possible) and pick its one tensor."""
+    """Load a .pt with weights_only=True (mapped when possible) and pick its one tensor. A zip
+    entry that is compressed is refused first: torch.save stores them, and a deflated 2.6 MB
+    file inflates to gigabytes when read."""
+    with contextlib.suppress(zipfile.BadZipFile, OSError), zipfile.ZipFile(path) as z:
+        if packed := [i.filename for i in z.infolist() if i.compress_type != zipfile.ZIP_STORED]:
+            raise StoreError(f"{path}: zip entry {packed[0]!r} is compressed; torch.save stores "
+                             "its entries, and a compressed one may inflate without bound: save "
+                             "the tensor again with torch.save")
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols of refused files
             warnings.simplefilter("ignore")

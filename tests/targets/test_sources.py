@@ -187,3 +187,25 @@ def test_a_chunk_that_is_a_symbolic_link_is_refused(tmp_path):
         with pytest.raises(StoreError, match=r"d/chunk_0\.npy: a symbolic link; links are not "
                                              r"followed: copy the file or name its target"):
             read(tmp_path / "d" / "chunk_0.npy")
+
+
+def test_a_pt_chunk_whose_zip_entries_are_compressed_is_refused_before_it_inflates(tmp_path):
+    """torch.save stores its zip entries; one deflated by hand (a 2.6 MB file that inflated to
+    4 GB when read) is refused from the zip directory alone."""
+    import zipfile
+
+    import torch
+
+    from aleph.errors import StoreError
+    from aleph.targets.sources import inspect_chunk
+
+    plain = tmp_path / "plain.pt"
+    torch.save(torch.zeros(64, 8, dtype=torch.float16), plain)
+    packed = tmp_path / "chunk_00000.pt"
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in src.infolist():
+            out.writestr(info.filename, src.read(info))
+    assert inspect_chunk(plain).rows == 64
+    with pytest.raises(StoreError, match=r"chunk_00000\.pt: zip entry '.*' is compressed; "
+                                         r"torch\.save stores its entries"):
+        inspect_chunk(packed)
