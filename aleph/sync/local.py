@@ -137,12 +137,13 @@ class DirDestination(Destination):
         except OSError as e:
             kept = f"snapshot {number - 1} is unchanged" if previous else "nothing of it was there"
             raise self._failed(e, f"snapshot {number} of {run} not written; {kept}") from None
+        return f"r{number}"
+
+    def prune(self, run: str) -> None:
         try:
             self._collect_garbage(run)
-        except OSError as e:  # the snapshot is in place; the next push prunes again
-            raise self._failed(e, f"snapshot {number} of {run} written, pruning older ones "
-                               "failed") from None
-        return f"r{number}"
+        except OSError as e:
+            raise self._failed(e, f"pruning the older snapshots of {run} failed") from None
 
     def _failed(self, e: OSError, what: str) -> SyncError:
         """A disk-full, read-only or vanished destination as one line naming it: the bare

@@ -53,12 +53,15 @@ class PushResult:
     seconds: float
     time: str
     repaired: int = 0  # files whose copy at the destination was damaged, sent again
+    unpruned: str = ""  # why older snapshots were not pruned (the new one is in place)
 
     def line(self) -> str:
         what = (f"{self.sent} of {self.files} files sent ({_mb(self.bytes_sent)})" if self.sent
                 else f"up to date, nothing sent ({self.files} files)")
         if self.repaired:
             what += f", {self.repaired} of them damaged at the destination and sent again"
+        if self.unpruned:
+            what += f"; older snapshots kept, the next push prunes them ({self.unpruned})"
         return (f"synced {self.run} step {self.step} -> {self.destination} revision "
                 f"{self.revision}: {what} in {self.seconds:.1f} s")
 
@@ -100,14 +103,19 @@ def push(run_dir: Path, dest: Destination, verify: bool = False) -> PushResult:
     drops = sorted(set(old) - set(files))
     rewrite = frozenset(files[r]["sha256"] for r in bad if r in files)
     now = utc_now()
+    unpruned = ""
     if previous is not None and not sends and not drops:
         revision = previous.revision
     else:
         revision = dest.publish(run, ix.make_index(run, step, files, now), sends, drops,
                                 previous, rewrite)
+        try:  # the snapshot is in place: a failed pruning does not make the push a failure
+            dest.prune(run)
+        except SyncError as e:
+            unpruned = str(e)
     result = PushResult(dest.spec, run, revision, step, len(files), len(sends),
                         sum(i.size for i in sends), time.monotonic() - t0, now,
-                        sum(1 for i in sends if i.rel in bad))
+                        sum(1 for i in sends if i.rel in bad), unpruned)
     cache.pushed[dest.spec] = result.record()
     cache.save(keep=set(files))
     return result

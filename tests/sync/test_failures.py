@@ -55,6 +55,34 @@ def test_an_unwritable_directory_destination_is_one_error_naming_it(run_copy, tm
     assert (res.revision, res.step) == ("r1", 12)
 
 
+class _MountLostAfterTheIndex(DirDestination):
+    """The mount goes away at the worst moment for a push: its index is in place, the
+    pruning of older snapshots has not started (the CI race in test_lost_vm)."""
+
+    def _write_index(self, run: str, number: int, data: bytes) -> None:
+        super()._write_index(run, number, data)
+        if number == 2:
+            self.root.rename(self.root.with_name("bucket-away"))
+            self.root.write_text("the mount is gone")
+
+
+def test_a_push_whose_pruning_fails_is_a_push_that_happened(run_copy, tmp_path):
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    dest = _MountLostAfterTheIndex(bucket)
+    assert push(run_copy, dest).revision == "r1"
+    (run_copy / "eval.json").write_text(json.dumps({"mean": 0.5}))
+    res = push(run_copy, dest)  # snapshot 2 was written: recorded as the last sync
+    assert res.revision == "r2"
+    assert res.unpruned.startswith(f"sync destination {bucket}: Not a directory"), res.unpruned
+    assert f"pruning the older snapshots of {run_path(run_copy)} failed" in res.unpruned
+    assert "older snapshots kept, the next push prunes them" in res.line()
+    away = DirDestination(tmp_path / "bucket-away")
+    assert away.latest(run_path(run_copy)).revision == "r2"
+    (got,) = pull(away, tmp_path / "new-work")
+    assert json.loads((got.path / "eval.json").read_text()) == {"mean": 0.5}
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
