@@ -43,9 +43,10 @@ class Destination(ABC):
         since `previous`; `drops` left it); returns the new revision. `rewrite`: sha256s
         whose stored copy is damaged, to be written again even where a copy is present."""
 
+    @abstractmethod
     def prune(self, run: str) -> None:
         """Remove what only snapshots older than the newest few hold; SyncError if that
-        fails. The hub keeps its history as commits, so by default nothing is removed."""
+        fails (called after publish: the new snapshot is in place either way)."""
 
     @abstractmethod
     def fetch(self, run: str, snap, rel: str, out: Path, scratch: Path) -> None:

@@ -189,6 +189,9 @@ class HubDestination(Destination):
                 parent_commit=previous.revision if previous else None)
         return info.oid
 
+    def prune(self, run: str) -> None:
+        """Nothing: the hub keeps a run's history as commits."""
+
     def fetch(self, run: str, snap: Snapshot, rel: str, out: Path, scratch: Path) -> None:
         name = f"{run}/{rel}"
         size = self._check_size(name, snap.revision, snap.files[rel]["size"], None)
