@@ -73,7 +73,8 @@ class StopFlag:
     checks, store and model builds, resume load) raises StopRequested at once, so a long
     build does not outlive a grace period; 'flag' mode (the step loop, the lock, the
     records) only sets the flag: the loop saves and exits errors.EXIT_STOPPED. A repeated
-    signal is counted (`repeats`) and changes nothing."""
+    signal is counted (`repeats`): it never cuts a save short (`since` tells a wait that
+    may end early, such as the final push, that one came)."""
 
     def __init__(self, mode: str = "flag") -> None:
         self.event = threading.Event()
@@ -96,6 +97,13 @@ class StopFlag:
         self.event.set()
         if self.mode == "interrupt":
             raise StopRequested(self.signame)
+
+    def since(self) -> Callable[[], str]:
+        """A check for the stop signals that come from now on: '' until one does, then
+        its name (the final push of a launch gives up at it)."""
+        seen = self.repeats + self.event.is_set()
+        return lambda: (f"cut short by a further {self.signame}" if self.repeats
+                        + self.event.is_set() > seen else "")
 
     def set_mode(self, mode: str) -> None:
         """Switch mode; entering 'interrupt' with a signal already received raises now."""

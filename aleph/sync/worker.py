@@ -64,15 +64,26 @@ class Syncer:
             self._wanted = True
             self._cv.notify()
 
-    def finish(self, timeout: float = FINAL_WAIT_S) -> PushResult | None:
-        """The final sync: wait for it (and any in flight); returns the last success."""
+    def finish(self, timeout: float = FINAL_WAIT_S,
+               cut: Callable[[], str] = lambda: "") -> PushResult | None:
+        """The final sync: wait for it (and any in flight) at most `timeout` seconds, or
+        until `cut()` names why not to (a further stop signal); returns the last success.
+        An abandoned push leaves the destination's previous snapshot whole."""
         with self._cv:
             self._final = True
             self._cv.notify()
-        self._thread.join(timeout)
+        t0, why = time.monotonic(), ""
+        while self._thread.is_alive() and not why:
+            left = timeout - (time.monotonic() - t0)
+            if left <= 0:
+                why = f"still running after {timeout:g} s"
+                break
+            self._thread.join(min(left, 0.2))
+            why = "" if not self._thread.is_alive() else cut()
         if self._thread.is_alive():
-            self.log(f"sync: final push to {self.dest.spec} still running after {timeout:.0f} s; "
-                     f"abandoned (the destination keeps its previous snapshot)")
+            self.log(f"sync: final push to {self.dest.spec} {why}; abandoned (the destination "
+                     f"keeps {self._kept()}); push later with "
+                     f"`aleph runs push {shlex.quote(str(self.run_dir))}`")
             self.log = lambda message: None  # the launch log closes next
         self._deliver()
         return self.last

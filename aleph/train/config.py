@@ -185,6 +185,11 @@ class TrainConfig(ModelShape):
     sync_every_minutes: float = knob(30.0, AT_LEAST_0, resumable=True, basis=False)
     """Least minutes between two syncs while training, each after a complete resume state
     (0 = after every one); a final sync comes at the end and at a stop."""
+    sync_stop_wait_seconds: float = knob(120.0, AT_LEAST_0, resumable=True, basis=False)
+    """At a stop, the most seconds the launch waits for the push in flight and the final
+    push before it exits (a further stop signal ends the wait at once); the destination
+    keeps its previous snapshot and `aleph runs push` sends the rest. Our choice: well
+    inside the Slurm lead (300 s), which must also cover one step and one save."""
 
     # --- the encoder's shape: ModelShape's fields; only dropout's default differs ----
     dropout: float = field(default=0.1, metadata=ModelShape.__dataclass_fields__["dropout"].metadata)

@@ -175,7 +175,11 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
             if world.is_main:
                 log(summary(run_dir, status, log.path, again, where))
         if syncer is not None:  # the final sync, after the end is recorded (so the copy says how it ended)
-            syncer.finish()
+            # a stop's wait is bounded well inside a Slurm lead; a further signal ends it
+            if status == STOPPED:
+                syncer.finish(cfg.sync_stop_wait_seconds, stop.since())
+            else:
+                syncer.finish(cut=stop.since())
         log.close()
     return EXIT_STOPPED if status == STOPPED else 0
 

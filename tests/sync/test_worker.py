@@ -59,3 +59,34 @@ def test_cadence_skips_requests_until_due(run_copy, tmp_path):
     assert len(lines) == 2 and lines[1].startswith("sync: final: ")
     assert "revision r1: up to date, nothing sent" in lines[1]
     assert result.revision == "r1" and syncer.failures == 0
+
+
+def test_a_further_stop_signal_ends_the_wait_for_a_hung_final_push(run_copy, tmp_path,
+                                                                  monkeypatch):
+    import os
+    import signal
+
+    from aleph._signals import StopFlag
+    from aleph.sync.dest import PAUSE_ENV
+
+    dest = tmp_path / "bucket"
+    dest.mkdir()
+    monkeypatch.setenv(PAUSE_ENV, "1")  # the push hangs after its first file (a daemon thread)
+    lines = []
+    syncer = Syncer(run_copy, parse_destination(str(dest)), 0.0, lines.append)
+    stop = StopFlag()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # the launch's stop: it saved, now the final push
+        assert stop.is_set()
+        cut = stop.since()
+        assert cut() == ""  # the stop that came before the wait does not end it
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        t0 = time.monotonic()
+        assert syncer.finish(timeout=120, cut=cut) is None
+        waited = time.monotonic() - t0
+    finally:
+        stop.restore()
+    assert waited < 30, waited  # ended by the second SIGTERM, not by the 120 s
+    assert lines[-1] == (f"sync: final push to {dest} cut short by a further SIGTERM; abandoned "
+                         "(the destination keeps what an earlier push left there, if any); push "
+                         f"later with `aleph runs push {run_copy}`")
