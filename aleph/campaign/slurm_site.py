@@ -19,7 +19,8 @@ LAUNCHERS = ("srun", "torchrun")
 DEFAULT_LEAD_S = 300
 """--signal-lead: seconds between Slurm's SIGTERM and the time limit. It must cover one
 training step and one save (an E1 step is about 0.13 s on an A40 and a resume state a few
-seconds to write; 300 s leaves room for a slow shared filesystem). Slurm may deliver the
+seconds to write; 300 s leaves room for a slow shared filesystem) and, with sync_to set, the
+stop's final push (bounded by sync_stop_wait_seconds, 120 s). Slurm may deliver the
 signal up to 60 s earlier than asked (its timer ticks every 30 s), never later."""
 MAX_LEAD_S = 65535  # the largest value sbatch --signal accepts
 DEFAULT_MAX_REQUEUES = 3
