@@ -27,6 +27,7 @@ import aleph.sync.index as ix
 from aleph._hub import check_commit, check_etag
 from aleph._io import open_write_nofollow, read_chunked, short_repr
 from aleph._signals import alarm_at
+from aleph.errors import AlephError
 from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
 from aleph.sync.select import Item
@@ -61,35 +62,42 @@ class HubDestination(Destination):
         self.limits = PULL_LIMITS
 
     @contextlib.contextmanager
-    def _calling(self, what: str) -> Iterator[None]:
-        """A hub that cannot be reached, refuses the token or answers an error, as one
-        SyncError naming the destination (token masked): not a traceback from httpx."""
+    def _calling(self, what: str, expected: str = "an answer huggingface_hub can read"
+                 ) -> Iterator[None]:
+        """A hub that cannot be reached, refuses the token, answers an error or an answer the
+        library cannot parse (not JSON, a field of the wrong type), as one SyncError naming
+        the destination (token masked): not a traceback. Our own refusals pass as they are."""
         import httpx
 
         try:
             yield
-        except (OSError, httpx.HTTPError) as e:
+        except AlephError:
+            raise
+        except Exception as e:  # noqa: BLE001  (whatever the library raised on a bad answer)
             status = getattr(getattr(e, "response", None), "status_code", None)
             hint = (" (no access: is HF_TOKEN set, to a token with access to this repo?)"
                     if status in (401, 403) else "")
             first = (str(e).strip().splitlines() or [""])[0]
-            raise SyncError(scrub(f"sync destination {self.spec}: {what} failed: "
-                                  f"{type(e).__name__}: {first}{hint}")) from None
+            first = f"{type(e).__name__}: {first if len(first) <= 200 else first[:197] + '...'}"
+            why = (f"{first}{hint}" if isinstance(e, OSError | httpx.HTTPError)
+                   else f"the hub's answer is not {expected} ({first})")
+            raise SyncError(scrub(f"sync destination {self.spec}: {what} failed: {why}")) from None
 
     def _head(self, revision: str = BRANCH):
         """(commit sha, file names) at `revision`, their listed sizes kept; None when the repo
         does not exist. A name that is not a plain relative path is refused."""
         from huggingface_hub.errors import RepositoryNotFoundError
 
-        with self._calling("reading the repo"):
+        with self._calling("reading the repo", "a repo listing"):
             try:
                 info = self.api.repo_info(self.repo_id, revision=revision, files_metadata=True)
             except RepositoryNotFoundError:
                 return None
-        check_commit(info.sha, f"sync destination {self.spec}")
-        sizes = {s.rfilename: s.size for s in info.siblings or []}
-        for name in sizes:
-            ix.check_rel(name, f"sync destination {self.spec}@{info.sha[:12]}: the repo lists a file")
+            check_commit(info.sha, f"sync destination {self.spec}")
+            sizes = {s.rfilename: s.size for s in info.siblings or []}
+            for name in sizes:
+                ix.check_rel(name, f"sync destination {self.spec}@{info.sha[:12]}: the repo "
+                             "lists a file")
         self._sizes[info.sha] = sizes
         return info.sha, list(sizes)
 

@@ -4,6 +4,7 @@ through the CLI (exit 2, no traceback, token masked), and nothing is left behind
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -152,3 +153,26 @@ def test_a_trickling_answer_ends_at_the_minimum_rate_or_the_deadline(hub, tmp_pa
 
 def _head_sha(hub: FakeHub) -> str:
     return hub.repos[REPO_ID]["head"]
+
+
+def _listing(hub: FakeHub, *extra) -> bytes:
+    """The head's listing as the hub sends it, with `extra` siblings appended."""
+    sha = _head_sha(hub)
+    siblings = [{"rfilename": p, "size": 1} for p in sorted(_head_files(hub))]
+    return json.dumps({"id": REPO_ID, "sha": sha, "siblings": [*siblings, *extra]}).encode()
+
+
+@pytest.mark.parametrize("answer", ["<html>not json", "a sibling 5", "a list as a name"])
+def test_a_malformed_repo_listing_is_one_line_for_pull_push_and_latest(hub, tmp_path, answer):
+    """The library's own parsing errors (JSONDecodeError, TypeError) name the destination."""
+    hub.listing = {"<html>not json": b"<html>not json", "a sibling 5": _listing(hub, 5),
+                   "a list as a name": _listing(hub, {"rfilename": ["x"], "size": 1})}[answer]
+    into = tmp_path / "new-work"
+    proc = cli(into, "runs", "pull", f"hf:{REPO_ID}", "--into", str(into))
+    one_line_refusal(proc, f"sync destination hf:{REPO_ID}: reading the repo failed: the "
+                     "hub's answer is not a repo listing (")
+    work = tmp_path / "work"
+    proc = cli(work, "runs", "push", str(work / RUN), "--to", f"hf:{REPO_ID}")
+    one_line_refusal(proc, f"sync destination hf:{REPO_ID}: reading the repo failed")
+    with pytest.raises(SyncError, match="reading the repo failed: the hub's answer is not"):
+        HubDestination(REPO_ID, endpoint=hub.endpoint).latest(RUN)
