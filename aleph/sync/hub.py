@@ -9,9 +9,9 @@ Others may write the repo: a listed name that is not a plain relative path is re
 listed sizes are checked before a download (a size must be listed: no index over INDEX_MAX,
 no file of another size than its index records), and commits and ETags must be hex digests
 (`aleph._hub`). The listing and each download are one GET of ours (`_get`), bounded in bytes
-(a file: its listed size; the listing: `PullLimits.listing_max`) and time (a deadline of
-`answer_s` + size / `min_rate`, cut when slower than `min_rate`); the library's own listing
-call would read any length, with no timeout.
+(a file: its listed size; the listing: `PullLimits.listing_max`; an error's body:
+`ERROR_BODY_MAX`) and time (a deadline of `answer_s` + size / `min_rate`, cut when slower
+than `min_rate`); the library's own listing call would read any length, with no timeout.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from aleph.sync.select import Item
 
 INDEX_NAME = ".aleph-sync.json"
 BRANCH = "main"
+ERROR_BODY_MAX = 64 << 10
+"""Bytes of an error answer's body read for its message."""
 
 
 @dataclass(frozen=True)
@@ -92,13 +94,12 @@ class HubDestination(Destination):
         does not exist. The listing is read by one bounded GET (not the library's, which reads
         it whole and waits forever); a name that is not a plain relative path is refused."""
         from huggingface_hub.errors import RepositoryNotFoundError
-        from huggingface_hub.utils import hf_raise_for_status
 
         url = f"{self.api.endpoint}/api/models/{self.repo_id}/revision/{quote(revision, safe='')}"
         with self._get(f"{url}?blobs=true", "reading the repo", self.limits.listing_max,
                        "a repo listing may have", "a repo listing") as (r, chunks):
             try:
-                hf_raise_for_status(r)
+                _raise_for_status(r)
             except RepositoryNotFoundError:
                 return None
             info = parse_json_bytes(b"".join(chunks))
@@ -178,12 +179,11 @@ class HubDestination(Destination):
         refused before a byte is written, the body at its first byte past `size`, at the
         deadline (`PullLimits`), or below the minimum rate."""
         from huggingface_hub import hf_hub_url
-        from huggingface_hub.utils import hf_raise_for_status
 
         url = hf_hub_url(self.repo_id, name, revision=revision, endpoint=self.endpoint)
         what = f"downloading {name} at {revision[:12]}"
         with self._get(url, what, size, "listed", "a file") as (r, chunks):
-            hf_raise_for_status(r)
+            _raise_for_status(r)
             hub = (r.history or [r])[0].headers  # the hub's own answer, before any redirect
             if (commit := hub.get("x-repo-commit")) is not None:
                 check_commit(commit, f"hub answer for {short_repr(url, 200)}")
@@ -230,6 +230,25 @@ class HubDestination(Destination):
         name = f"{run}/{rel}"
         size = self._check_size(name, snap.revision, snap.files[rel]["size"], None)
         self._download(name, snap.revision, out, size)
+
+
+def _raise_for_status(r) -> None:
+    """huggingface_hub's error for an error answer (RepositoryNotFoundError, 401, ...), made
+    from at most ERROR_BODY_MAX bytes of its body: the library's check would read it whole."""
+    import httpx
+    from huggingface_hub.utils import hf_raise_for_status
+
+    if r.status_code < 400:
+        return
+    body = bytearray()
+    for chunk in r.iter_raw():
+        body += chunk
+        if len(body) >= ERROR_BODY_MAX:
+            break
+    keep = [(k, v) for k, v in r.headers.multi_items() if k.lower() not in (
+        "content-encoding", "content-length", "transfer-encoding")]
+    hf_raise_for_status(httpx.Response(r.status_code, headers=keep,
+                                       content=bytes(body[:ERROR_BODY_MAX]), request=r.request))
 
 
 def _chunks(r, most: int, bound: str, deadline: float, lim: PullLimits, late: Exception,

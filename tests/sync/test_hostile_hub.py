@@ -73,10 +73,10 @@ def test_a_file_listed_at_another_size_than_its_index_records_is_not_downloaded(
     assert not (into / "runs").exists() and not list(into.glob(".aleph-pull-*"))
 
 
-def _answer(handler, chunks, headers=(), etag="ab" * 20) -> None:
+def _answer(handler, chunks, headers=(), etag="ab" * 20, status=200) -> None:
     """A hostile GET answer: the `headers`, then every chunk of `chunks` (an iterable of
     (bytes, seconds to wait first)) chunked, until the pull hangs up; 30 s at most."""
-    handler.send_response(200)
+    handler.send_response(status)
     for k, v in (("ETag", f'"{etag}"'), ("X-Repo-Commit", "cd" * 20), *headers):
         handler.send_header(k, v)
     handler.send_header("Transfer-Encoding", "chunked")
@@ -206,3 +206,25 @@ def test_a_repo_listing_is_read_bounded_in_time_and_bytes(hub, tmp_path, how):
     assert msg.startswith(f"sync destination hf:{REPO_ID}: reading the repo")
     assert ("below the minimum 1,000 B/s" if how == "trickled" else
             "the body is longer than the 67,108,864 B a repo listing may have") in msg
+
+
+@pytest.mark.parametrize("where", ["listing", "file"])
+def test_an_error_answer_s_body_is_read_bounded(hub, tmp_path, where):
+    """A 500 whose body is endless: huggingface_hub's status check read an error's body
+    whole; the pull reads a little of it and hangs up."""
+    sent = []
+
+    def endless(handler):
+        try:
+            _answer(handler, ((b"x" * (1 << 20), 0) for _ in range(64)), status=500)
+        finally:
+            sent.append(getattr(handler, "sent", 0))
+            handler.close_connection = True
+    if where == "listing":
+        hub.listing = endless
+    else:
+        hub.bodies[f"{RUN}/weights/final/model.safetensors"] = endless
+    msg = _pull(hub, tmp_path / "into")
+    time.sleep(0.5)
+    assert sent and sent[0] < 32 << 20  # the pull hung up: the server could not send it all
+    assert "failed: HfHubHTTPError: Server error '500" in msg and len(msg) < 1000, msg
