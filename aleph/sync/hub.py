@@ -8,9 +8,10 @@ once. Token and endpoint are huggingface_hub's (HF_TOKEN, HF_ENDPOINT).
 Others may write the repo: a listed name that is not a plain relative path is refused,
 listed sizes are checked before a download (a size must be listed: no index over INDEX_MAX,
 no file of another size than its index records), and commits and ETags must be hex digests
-(`aleph._hub`). A download is bounded in bytes and time (`aleph.data.fetch_http`: the HEAD's
-size must be the listed one, the GET writes at most that many bytes, within a deadline of
-`PULL_LIMITS.head_timeout_s` + size / `min_rate`, cut when slower than `min_rate`).
+(`aleph._hub`). The listing and each download are one GET of ours (`_get`), bounded in bytes
+(a file: its listed size; the listing: `PullLimits.listing_max`; an error's body:
+`ERROR_BODY_MAX`) and time (a deadline of `answer_s` + size / `min_rate`, cut when slower
+than `min_rate`); the library's own listing call would read any length, with no timeout.
 """
 
 from __future__ import annotations
@@ -22,17 +23,21 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import aleph.sync.index as ix
 from aleph._hub import check_commit, check_etag
-from aleph._io import open_write_nofollow, read_chunked, short_repr
+from aleph._io import open_write_nofollow, parse_json_bytes, read_chunked, short_repr
 from aleph._signals import alarm_at
+from aleph.errors import AlephError
 from aleph.sync.dest import Destination, pause_hook, scrub
 from aleph.sync.index import Snapshot, SyncError
 from aleph.sync.select import Item
 
 INDEX_NAME = ".aleph-sync.json"
 BRANCH = "main"
+ERROR_BODY_MAX = 64 << 10
+"""Bytes of an error answer's body read for its message."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class PullLimits:
     """Seconds over which `min_rate` is measured; also the longest wait for one read."""
     answer_s: float = 60.0
     """Seconds for the answer's headers; the deadline is this + size / min_rate."""
+    listing_max: int = 64 << 20
+    """Bytes a repo listing may have (about 400,000 files)."""
 
 
 PULL_LIMITS = PullLimits()
@@ -61,37 +68,51 @@ class HubDestination(Destination):
         self.limits = PULL_LIMITS
 
     @contextlib.contextmanager
-    def _calling(self, what: str) -> Iterator[None]:
-        """A hub that cannot be reached, refuses the token or answers an error, as one
-        SyncError naming the destination (token masked): not a traceback from httpx."""
+    def _calling(self, what: str, expected: str = "an answer huggingface_hub can read"
+                 ) -> Iterator[None]:
+        """A hub that cannot be reached, refuses the token, answers an error or an answer the
+        library cannot parse (not JSON, a field of the wrong type), as one SyncError naming
+        the destination (token masked): not a traceback. Our own refusals pass as they are."""
         import httpx
 
         try:
             yield
-        except (OSError, httpx.HTTPError) as e:
+        except AlephError:
+            raise
+        except Exception as e:  # noqa: BLE001  (whatever the library raised on a bad answer)
             status = getattr(getattr(e, "response", None), "status_code", None)
             hint = (" (no access: is HF_TOKEN set, to a token with access to this repo?)"
                     if status in (401, 403) else "")
             first = (str(e).strip().splitlines() or [""])[0]
-            raise SyncError(scrub(f"sync destination {self.spec}: {what} failed: "
-                                  f"{type(e).__name__}: {first}{hint}")) from None
+            first = f"{type(e).__name__}: {first if len(first) <= 200 else first[:197] + '...'}"
+            why = (f"{first}{hint}" if isinstance(e, OSError | httpx.HTTPError)
+                   else f"the hub's answer is not {expected} ({first})")
+            raise SyncError(scrub(f"sync destination {self.spec}: {what} failed: {why}")) from None
 
     def _head(self, revision: str = BRANCH):
         """(commit sha, file names) at `revision`, their listed sizes kept; None when the repo
-        does not exist. A name that is not a plain relative path is refused."""
+        does not exist. The listing is read by one bounded GET (not the library's, which reads
+        it whole and waits forever); a name that is not a plain relative path is refused."""
         from huggingface_hub.errors import RepositoryNotFoundError
 
-        with self._calling("reading the repo"):
+        url = f"{self.api.endpoint}/api/models/{self.repo_id}/revision/{quote(revision, safe='')}"
+        with self._get(f"{url}?blobs=true", "reading the repo", self.limits.listing_max,
+                       "a repo listing may have", "a repo listing") as (r, chunks):
             try:
-                info = self.api.repo_info(self.repo_id, revision=revision, files_metadata=True)
+                _raise_for_status(r)
             except RepositoryNotFoundError:
                 return None
-        check_commit(info.sha, f"sync destination {self.spec}")
-        sizes = {s.rfilename: s.size for s in info.siblings or []}
-        for name in sizes:
-            ix.check_rel(name, f"sync destination {self.spec}@{info.sha[:12]}: the repo lists a file")
-        self._sizes[info.sha] = sizes
-        return info.sha, list(sizes)
+            info = parse_json_bytes(b"".join(chunks))
+            sha = check_commit(info.get("sha") if isinstance(info, dict) else None,
+                               f"sync destination {self.spec}")
+            siblings = info.get("siblings")
+            siblings = [] if siblings is None else siblings  # as huggingface_hub reads it
+            if not isinstance(siblings, list) or not all(isinstance(x, dict) for x in siblings):
+                raise ValueError(f"siblings {short_repr(siblings, 80)}, expected a list of objects")
+            where = f"sync destination {self.spec}@{sha[:12]}: the repo lists a file"
+            sizes = {ix.check_rel(x.get("rfilename"), where): x.get("size") for x in siblings}
+        self._sizes[sha] = sizes
+        return sha, list(sizes)
 
     def _check_size(self, name: str, revision: str, size: int | None, most: int | None) -> int:
         """The listed size of `name`; refused, before downloading it, when the listing gives
@@ -130,28 +151,39 @@ class HubDestination(Destination):
             data = read_chunked(Path(tmp) / "index", ix.INDEX_MAX)
         return Snapshot(ix.parse(data, where), head[0])
 
+    @contextlib.contextmanager
+    def _get(self, url: str, what: str, most: int, bound: str, expected: str):
+        """(answer, its body's chunks) of one GET of `url`, under `_calling`: the body at most
+        `most` bytes (`bound` says why), within the deadline `PullLimits` gives that size."""
+        import httpx
+        from huggingface_hub import get_token
+        from huggingface_hub.utils import get_session
+
+        lim = self.limits
+        headers = {"Accept-Encoding": "identity", "User-Agent": "aleph-e1/runs-pull"}
+        if token := get_token():
+            headers["Authorization"] = f"Bearer {token}"  # httpx drops it across origins
+        deadline = time.monotonic() + lim.answer_s + most / lim.min_rate
+        late = SyncError(f"sync destination {self.spec}: {what}: not done within its deadline "
+                         f"({lim.answer_s:g} s + {most:,} B at {lim.min_rate:,.0f} B/s); "
+                         "nothing pulled")
+        with self._calling(what, expected), alarm_at(deadline, late), get_session().stream(
+                "GET", url, headers=headers, follow_redirects=True,
+                timeout=httpx.Timeout(lim.window_s)) as r:
+            yield r, _chunks(r, most, f"the {most:,} B {bound}", deadline, lim, late,
+                             f"sync destination {self.spec}: {what}")
+
     def _download(self, name: str, revision: str, out: Path, size: int) -> None:
         """At most `size` bytes of `name` at `revision` into `out`, by one GET: its ETag and
         commit checked (`aleph._hub`), a Content-Length or encoding other than the file's own
         refused before a byte is written, the body at its first byte past `size`, at the
         deadline (`PullLimits`), or below the minimum rate."""
-        import httpx
-        from huggingface_hub import get_token, hf_hub_url
-        from huggingface_hub.utils import get_session, hf_raise_for_status
+        from huggingface_hub import hf_hub_url
 
         url = hf_hub_url(self.repo_id, name, revision=revision, endpoint=self.endpoint)
-        what, lim = f"downloading {name} at {revision[:12]}", self.limits
-        headers = {"Accept-Encoding": "identity", "User-Agent": "aleph-e1/runs-pull"}
-        if token := get_token():
-            headers["Authorization"] = f"Bearer {token}"  # httpx drops it across origins
-        deadline = time.monotonic() + lim.answer_s + size / lim.min_rate
-        late = SyncError(f"sync destination {self.spec}: {what}: not done within its deadline "
-                         f"({lim.answer_s:g} s + {size:,} B at {lim.min_rate:,.0f} B/s); "
-                         "nothing pulled")
-        with self._calling(what), alarm_at(deadline, late), get_session().stream(
-                "GET", url, headers=headers, follow_redirects=True,
-                timeout=httpx.Timeout(lim.window_s)) as r:
-            hf_raise_for_status(r)
+        what = f"downloading {name} at {revision[:12]}"
+        with self._get(url, what, size, "listed", "a file") as (r, chunks):
+            _raise_for_status(r)
             hub = (r.history or [r])[0].headers  # the hub's own answer, before any redirect
             if (commit := hub.get("x-repo-commit")) is not None:
                 check_commit(commit, f"hub answer for {short_repr(url, 200)}")
@@ -164,7 +196,9 @@ class HubDestination(Destination):
                                 f"Content-Length {short_repr(length, 40)}, Content-Encoding "
                                 f"{short_repr(coding, 40)}; expected {size:,} B as listed, "
                                 "unencoded; nothing written")
-            _copy(r, out, size, deadline, lim, late, f"sync destination {self.spec}: {what}")
+            with os.fdopen(open_write_nofollow(out, truncate=True), "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
 
     def publish(self, run: str, index: dict, sends: list[Item], drops: list[str],
                 previous: Snapshot | None, rewrite: frozenset[str] = frozenset()) -> str:
@@ -198,23 +232,41 @@ class HubDestination(Destination):
         self._download(name, snap.revision, out, size)
 
 
-def _copy(r, out: Path, size: int, deadline: float, lim: PullLimits, late: Exception,
-          where: str) -> None:
-    """The raw body of `r` into `out` (no link, no FIFO): at most `size` bytes, refused at
-    the first byte more, at `deadline`, or when slower than `lim.min_rate` over a window."""
+def _raise_for_status(r) -> None:
+    """huggingface_hub's error for an error answer (RepositoryNotFoundError, 401, ...), made
+    from at most ERROR_BODY_MAX bytes of its body: the library's check would read it whole."""
+    import httpx
+    from huggingface_hub.utils import hf_raise_for_status
+
+    if r.status_code < 400:
+        return
+    body = bytearray()
+    for chunk in r.iter_raw():
+        body += chunk
+        if len(body) >= ERROR_BODY_MAX:
+            break
+    keep = [(k, v) for k, v in r.headers.multi_items() if k.lower() not in (
+        "content-encoding", "content-length", "transfer-encoding")]
+    hf_raise_for_status(httpx.Response(r.status_code, headers=keep,
+                                       content=bytes(body[:ERROR_BODY_MAX]), request=r.request))
+
+
+def _chunks(r, most: int, bound: str, deadline: float, lim: PullLimits, late: Exception,
+            where: str) -> Iterator[bytes]:
+    """The raw body of `r`: at most `most` bytes, refused at the first byte more (`bound`
+    names that many), at `deadline`, or when slower than `lim.min_rate` over a window."""
     got, window, since = 0, 0, time.monotonic()
-    with os.fdopen(open_write_nofollow(out, truncate=True), "wb") as f:
-        for chunk in r.iter_raw():
-            if got + len(chunk) > size:
-                raise SyncError(f"{where}: the body is longer than the {size:,} B listed; "
-                                "refused at its first byte more, nothing pulled")
-            f.write(chunk)
-            got, window, now = got + len(chunk), window + len(chunk), time.monotonic()
-            if now > deadline:
-                raise late
-            if now - since >= lim.window_s:
-                if window / (now - since) < lim.min_rate:
-                    raise SyncError(f"{where}: {window / (now - since):,.0f} B/s over "
-                                    f"{now - since:.1f} s, below the minimum "
-                                    f"{lim.min_rate:,.0f} B/s; nothing pulled")
-                since, window = now, 0
+    for chunk in r.iter_raw():
+        if got + len(chunk) > most:
+            raise SyncError(f"{where}: the body is longer than {bound}; refused at its first "
+                            "byte more, nothing pulled")
+        yield chunk
+        got, window, now = got + len(chunk), window + len(chunk), time.monotonic()
+        if now > deadline:
+            raise late
+        if now - since >= lim.window_s:
+            if window / (now - since) < lim.min_rate:
+                raise SyncError(f"{where}: {window / (now - since):,.0f} B/s over "
+                                f"{now - since:.1f} s, below the minimum "
+                                f"{lim.min_rate:,.0f} B/s; nothing pulled")
+            since, window = now, 0

@@ -47,7 +47,7 @@ class Snapshot:
 def check_rel(rel: str, what: str) -> str:
     """`rel` if it is a plain relative POSIX path (aleph._io.plain_relative)."""
     if not plain_relative(rel):
-        raise SyncError(f"{what}: path {rel!r} is not a plain relative path (no '..', no "
+        raise SyncError(f"{what}: path {short_repr(rel, 200)} is not a plain relative path (no '..', no "
                         "absolute path, no control character)")
     return rel
 

@@ -3,8 +3,9 @@
 push sends only the files that differ from the destination's newest snapshot (none: nothing
 is written). pull fetches every file of the newest snapshot into a staging directory beside
 `runs/`, checks each sha256 and size, and makes the run appear by one rename; it never
-replaces an existing run directory. A pull holds a flock on its staging's `lock` and removes
-only stagings whose lock it can take (a pid says nothing across containers).
+replaces an existing run directory, and a refused pull leaves no directory it made. A
+pull holds a flock on its staging's `lock` and removes only stagings whose lock it can take
+(a pid says nothing across containers).
 """
 
 from __future__ import annotations
@@ -159,9 +160,17 @@ def pull(dest: Destination, into: Path, run: str | None = None) -> list[PullResu
                             "pull --into another work root, or move it aside")
         _refuse_inside_a_run(dest, r, into)
         targets.append((r, snap, final))
+    made = sorted({p for *_, final in targets for p in final.parents if not os.path.lexists(p)},
+                  key=lambda p: len(p.parts), reverse=True)  # deepest first
     into.mkdir(parents=True, exist_ok=True)
-    _remove_stale_staging(into)
-    return [_pull_one(dest, r, snap, final, into) for r, snap, final in targets]
+    try:
+        _remove_stale_staging(into)
+        return [_pull_one(dest, r, snap, final, into) for r, snap, final in targets]
+    except BaseException:
+        for p in made:  # a refused pull leaves no directory it made (only while empty)
+            with contextlib.suppress(OSError):
+                os.rmdir(p)
+        raise
 
 
 def _refuse_inside_a_run(dest: Destination, run: str, into: Path) -> None:

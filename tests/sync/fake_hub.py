@@ -46,6 +46,7 @@ class FakeHub:
         self.requests: list[tuple[str, str]] = []
         self.listed: dict[str, int | None] = {}  # path -> the size the listing says instead
         self.bodies: dict[str, object] = {}  # path -> fn(handler) answering its GET instead
+        self.listing: object = None  # raw 200 body, or fn(handler), answering every listing
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -148,6 +149,16 @@ def _handler(hub: FakeHub):
                 self._missing(f"repo {repo}", "RepoNotFound")
                 return
             sha, files = found
+            if callable(hub.listing):
+                hub.listing(self)
+                return
+            if hub.listing is not None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(hub.listing)))
+                self.end_headers()
+                self.wfile.write(hub.listing)
+                return
             self._json(200, {"id": repo, "sha": sha, "private": True,
                              "siblings": [{"rfilename": p, "size": hub.listed.get(
                                  p, hub.blob(files[p]).stat().st_size)} for p in sorted(files)]})

@@ -4,6 +4,8 @@ through the CLI (exit 2, no traceback, token masked), and nothing is left behind
 
 from __future__ import annotations
 
+import json
+import re
 import time
 
 import pytest
@@ -71,10 +73,10 @@ def test_a_file_listed_at_another_size_than_its_index_records_is_not_downloaded(
     assert not (into / "runs").exists() and not list(into.glob(".aleph-pull-*"))
 
 
-def _answer(handler, chunks, headers=(), etag="ab" * 20) -> None:
+def _answer(handler, chunks, headers=(), etag="ab" * 20, status=200) -> None:
     """A hostile GET answer: the `headers`, then every chunk of `chunks` (an iterable of
     (bytes, seconds to wait first)) chunked, until the pull hangs up; 30 s at most."""
-    handler.send_response(200)
+    handler.send_response(status)
     for k, v in (("ETag", f'"{etag}"'), ("X-Repo-Commit", "cd" * 20), *headers):
         handler.send_header(k, v)
     handler.send_header("Transfer-Encoding", "chunked")
@@ -152,3 +154,77 @@ def test_a_trickling_answer_ends_at_the_minimum_rate_or_the_deadline(hub, tmp_pa
 
 def _head_sha(hub: FakeHub) -> str:
     return hub.repos[REPO_ID]["head"]
+
+
+def _listing(hub: FakeHub, *extra) -> bytes:
+    """The head's listing as the hub sends it, with `extra` siblings appended."""
+    sha = _head_sha(hub)
+    siblings = [{"rfilename": p, "size": hub.blob(b).stat().st_size}
+                for p, b in sorted(_head_files(hub).items())]
+    return json.dumps({"id": REPO_ID, "sha": sha, "siblings": [*siblings, *extra]}).encode()
+
+
+_NOT_A_LISTING = "reading the repo failed: the hub's answer is not a repo listing ("
+
+
+@pytest.mark.parametrize("answer, says", [
+    ("<html>not json", _NOT_A_LISTING + "JSONDecodeError: Expecting value"),
+    ("a sibling 5", _NOT_A_LISTING),
+    ("a list as a name", "the repo lists a file: path ['x'] is not a plain relative path"),
+    ("a name of 1 MB", "the repo lists a file: path '/xxx")])
+def test_a_malformed_repo_listing_is_one_line_for_pull_push_and_latest(hub, tmp_path, answer,
+                                                                        says):
+    """Not a traceback from the listing's parser (JSONDecodeError, TypeError): one line
+    naming the destination."""
+    hub.listing = {"<html>not json": b"<html>not json", "a sibling 5": _listing(hub, 5),
+                   "a list as a name": _listing(hub, {"rfilename": ["x"], "size": 1}),
+                   "a name of 1 MB": _listing(hub, {"rfilename": "/" + "x" * 10**6})}[answer]
+    into = tmp_path / "new-work"
+    proc = cli(into, "runs", "pull", f"hf:{REPO_ID}", "--into", str(into))
+    assert len(one_line_refusal(proc, f"sync destination hf:{REPO_ID}", says)) < 1000
+    work = tmp_path / "work"
+    proc = cli(work, "runs", "push", str(work / RUN), "--to", f"hf:{REPO_ID}")
+    one_line_refusal(proc, f"sync destination hf:{REPO_ID}", says)
+    with pytest.raises(SyncError, match=re.escape(says)):
+        HubDestination(REPO_ID, endpoint=hub.endpoint).latest(RUN)
+
+
+@pytest.mark.parametrize("how", ["trickled", "endless"])
+def test_a_repo_listing_is_read_bounded_in_time_and_bytes(hub, tmp_path, how):
+    """huggingface_hub reads a listing whole, with no timeout: a byte every 0.1 s kept a pull
+    waiting, 64 MiB of whitespace before the listing were all read into memory."""
+    def answer(handler):
+        if how == "trickled":
+            _answer(handler, ((b" ", 0.1) for _ in range(250)))
+        else:
+            _answer(handler, [*((b" " * (1 << 20), 0) for _ in range(64)), (_listing(hub), 0)])
+            handler.wfile.write(b"0\r\n\r\n")
+        handler.close_connection = True
+    hub.listing = answer
+    msg = _pull(hub, tmp_path / "into", PullLimits(min_rate=1000.0, window_s=1.0, answer_s=1.0)
+                if how == "trickled" else None)
+    assert msg.startswith(f"sync destination hf:{REPO_ID}: reading the repo")
+    assert ("below the minimum 1,000 B/s" if how == "trickled" else
+            "the body is longer than the 67,108,864 B a repo listing may have") in msg
+
+
+@pytest.mark.parametrize("where", ["listing", "file"])
+def test_an_error_answer_s_body_is_read_bounded(hub, tmp_path, where):
+    """A 500 whose body is endless: huggingface_hub's status check read an error's body
+    whole; the pull reads a little of it and hangs up."""
+    sent = []
+
+    def endless(handler):
+        try:
+            _answer(handler, ((b"x" * (1 << 20), 0) for _ in range(64)), status=500)
+        finally:
+            sent.append(getattr(handler, "sent", 0))
+            handler.close_connection = True
+    if where == "listing":
+        hub.listing = endless
+    else:
+        hub.bodies[f"{RUN}/weights/final/model.safetensors"] = endless
+    msg = _pull(hub, tmp_path / "into")
+    time.sleep(0.5)
+    assert sent and sent[0] < 32 << 20  # the pull hung up: the server could not send it all
+    assert "failed: HfHubHTTPError: Server error '500" in msg and len(msg) < 1000, msg

@@ -209,3 +209,29 @@ def test_an_unchanged_push_does_not_read_weights_or_states_again(run_copy, tmp_p
     (run_copy / STATE_FILE).unlink()  # the record lost: everything is read, the change seen
     res = push(run_copy, dest)
     assert (res.sent, res.revision) == (1, "r2")
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_refused_pull_removes_only_the_directories_it_made(tmp_path, existing):
+    """One damaged object: the refusal leaves no new --into (nor its new parents); an --into
+    that was there before stays."""
+    from tests.sync.test_hostile_dir import small_run
+
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    run_dir = small_run(tmp_path / "work")
+    push(run_dir, DirDestination(bucket))
+    obj = max((p for p in (bucket / run_path(run_dir) / "objects").rglob("*") if p.is_file()),
+              key=lambda p: p.stat().st_size)
+    data = obj.read_bytes()
+    obj.chmod(0o644)
+    obj.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    into = tmp_path / "new" / "a" / "work"
+    if existing:
+        into.mkdir(parents=True)
+    with pytest.raises(SyncError, match="damaged"):
+        pull(DirDestination(bucket), into)
+    if existing:
+        assert into.is_dir() and list(into.iterdir()) == []
+    else:
+        assert not (tmp_path / "new").exists(), sorted(tmp_path.joinpath("new").rglob("*"))
