@@ -212,11 +212,16 @@ def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
     texts = take_captions(captions, cap_idx)
     y_all = take_targets(targets, tgt_idx)  # (blocks * (n + 2 PAD), D)
     check_finite(targets, tgt_idx, y_all)  # a NaN row would poison every score: name it
+    # one common scale (the largest row norm, taken in float64) so float32 sums cannot
+    # overflow on finite but huge values; the scores are cosines, so it changes no verdict
+    y_f = y_all.double()
+    y_f = (y_f / y_f.norm(dim=1).max().clamp_min(1e-300)).float()
     ids = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=512)["input_ids"]
     x = features(ids)  # (blocks * n, dim)
     n = blocks[0][1]
     x = x.view(len(blocks), n, -1)  # (K, n, dim)
-    y_all = y_all.view(len(blocks), n + 2 * PAD, -1)  # (K, n + 2 PAD, D)
+    y_all = y_all.view(len(blocks), n + 2 * PAD, -1)  # (K, n + 2 PAD, D) own dtype
+    y_f = y_f.view(y_all.shape)  # (K, n + 2 PAD, D) float32, scaled
     fit, test = slice(0, None, 2), slice(1, None, 2)  # alternate blocks
     x_fit = x[fit].reshape(-1, x.shape[-1])  # (m, dim)
     x_test = x[test].reshape(-1, x.shape[-1])  # (m, dim)
@@ -226,14 +231,15 @@ def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
     del gram
 
     def r_at_1(shift: int, permute: torch.Tensor | None = None) -> float:
-        y = y_all[:, PAD + shift: PAD + shift + n]  # (K, n, D): target of caption i is i+shift
-        y_fit = y[fit].reshape(-1, y.shape[-1]).float()  # (m, D)
-        y_test_raw = y[test].reshape(-1, y.shape[-1])  # (m, D) own dtype, for identity
+        y = y_f[:, PAD + shift: PAD + shift + n]  # (K, n, D): target of caption i is i+shift
+        y_fit = y[fit].reshape(-1, y.shape[-1])  # (m, D)
+        y_test = y[test].reshape(-1, y.shape[-1])  # (m, D)
+        y_test_raw = y_all[:, PAD + shift: PAD + shift + n][test].reshape(y_test.shape)  # identity
         if permute is not None:
             y_fit = y_fit[permute]
         mean = y_fit.mean(0, keepdim=True)  # (1, D)
         pred = smoother @ (y_fit - mean)  # (m, D)
-        cand = y_test_raw.float() - mean  # (m, D)
+        cand = y_test - mean  # (m, D)
         scores = (pred / pred.norm(dim=1, keepdim=True).clamp_min(1e-12)) @ (
             cand / cand.norm(dim=1, keepdim=True).clamp_min(1e-12)).T  # (m, m)
         return float(retrieval_credit(scores, bitwise_same(y_test_raw)).mean())
@@ -243,6 +249,11 @@ def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
     shuffled = r_at_1(0, torch.randperm(x_fit.shape[0], generator=g))
     shifted = {s: r_at_1(s) for s in SHIFTS}
     m = x_test.shape[0]
+    if not np.isfinite([given, shuffled, *shifted.values()]).all():
+        named = target_desc if target_desc != "targets" else f"targets {', '.join(targets[:2])}" + (
+            f" (and {len(targets) - 2} more)" if len(targets) > 2 else "")
+        raise DataError(f"{named}: held-out R@1 is not finite ({given}); expected finite "
+                        "target vectors of a usable scale (rebuild the targets)")
     best_alt = max(shuffled, *shifted.values())
     reasons = []
     if given * m < MIN_HITS:
