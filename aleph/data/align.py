@@ -21,7 +21,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from aleph.data.captions import CaptionSource, _check_arrow, check_row_counts, open_captions
+from aleph.data.captions import (
+    BATCH_ROWS,
+    CaptionSource,
+    _check_arrow,
+    check_row_counts,
+    open_captions,
+)
 from aleph.errors import DataError
 
 FEATURE_DIM = 4096  # hashed feature buckets
@@ -102,13 +108,15 @@ def take_captions(src: CaptionSource, idx: np.ndarray) -> list[str]:
     """Captions at sorted row indices `idx`: parquet by the row groups that hold them,
     a directory shard by shard, anything else streamed once up to the last index."""
     if src.kind == "parquet":
-        pf, out, start = src.parquet_file(), [], 0
-        for g in range(pf.metadata.num_row_groups):
-            n = pf.metadata.row_group(g).num_rows
+        pf, out, start = src.parquet_reader(), [], 0
+        for g in range(pf.file.metadata.num_row_groups):
+            n = pf.file.metadata.row_group(g).num_rows
             local = idx[(idx >= start) & (idx < start + n)] - start
-            if local.size:
-                col = pf.read_row_group(g, columns=[src.column]).column(0).combine_chunks()
-                out += _check_arrow(col, src._where(), start).take(local).to_pylist()
+            at = 0  # rows of group g read so far; the reader checks they add up to n
+            for rb in pf.batches([src.column], BATCH_ROWS, g) if local.size else ():
+                col = _check_arrow(rb.column(0), src._where(), start + at)
+                out += col.take(local[(local >= at) & (local < at + len(col))] - at).to_pylist()
+                at += len(col)
             start += n
         return out
     if src.kind == "dir":

@@ -123,14 +123,32 @@ class Parquet:
         if missing := [c for c in columns if c not in self.names]:
             raise DataError(f"{path}: no column {missing[0]!r}; columns are {self.names}")
 
-    def batches(self, columns: list[str], rows: int) -> Iterator:
+    def batches(self, columns: list[str], rows: int, row_group: int | None = None) -> Iterator:
         """pyarrow RecordBatches of `columns`, at most `rows` rows each (no columns: one
-        per row group, of its row count), in row order, read on this thread."""
+        per row group, of its row count), in row order, read on this thread; only
+        `row_group` when given. The rows read must be the footer's count of them."""
+        meta = self.file.metadata
+        groups = range(meta.num_row_groups) if row_group is None else [row_group]
+        counted, got = sum(meta.row_group(g).num_rows for g in groups), 0
+        for rb in self._read(columns, rows, groups):
+            got += rb.num_rows
+            yield rb
+        if got != counted:
+            raise DataError(f"{self._where(columns)}: {got:,} rows read but {counted:,} counted "
+                            "before reading (a footer that overstates its rows, or changed "
+                            "while being read?)")
+
+    def _read(self, columns: list[str], rows: int, groups: Sequence[int]) -> Iterator:
         try:  # the consumer's own errors never reach here: only the reader's
-            yield from self.file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
+            yield from self.file.iter_batches(batch_size=rows, row_groups=groups,
+                                              columns=columns, use_threads=False)
         except Exception as e:  # a damaged data page after a readable footer
             cols = f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {columns} are"
             raise DataError(f"{self.path}: {cols} not readable ({_arrow_why(e)})") from None
+
+    def _where(self, columns: Sequence[str]) -> str:
+        return (f"{self.path} column {columns[0]!r}" if len(columns) == 1 else
+                f"{self.path} columns {list(columns)}")
 
 
 def _arrow_why(e: Exception) -> str:

@@ -199,3 +199,16 @@ def test_finite_but_huge_targets_give_the_figures_of_the_same_targets_unscaled(
     with pytest.raises(DataError, match=rf"^targets {re.escape(str(smoke.target_chunks[0]))}.*: "
                                         r"held-out R@1 is not finite \(nan\); expected finite "):
         _check(smoke, smoke_tokenizer, pairings["aligned"])
+
+
+def test_a_parquet_footer_that_overstates_its_rows_is_refused_not_aligned(smoke, smoke_tokenizer,
+                                                                          tmp_path):
+    """4,095 captions under a footer (file and row group) claiming 4,096 were ALIGNED against
+    4,096 targets; the row group read must hold the rows its footer counts."""
+    from tests.data.test_captions import _lying_parquet
+
+    path = tmp_path / "lie.parquet"
+    _lying_parquet(path, load_captions(smoke.captions)[:-1], smoke.rows)
+    with pytest.raises(DataError, match=r"lie\.parquet column 'caption': 4,095 rows read but "
+                                        r"4,096 counted before reading \(a footer that overstates"):
+        _check(smoke, smoke_tokenizer, path)
