@@ -36,6 +36,7 @@ SHIFTS = (-2, -1, 1, 2)  # alternative pairings scored next to the given one
 PAD = max(abs(s) for s in SHIFTS)  # target rows read beyond each sample block, each side
 RIDGE = 1.0  # kernel ridge regulariser (features are unit vectors: kernel diagonal 1)
 MIN_HITS, CHANCE_FACTOR, MARGIN = 8, 10.0, 1.25
+TEXT_CHARS = 1 << 14  # of a sampled caption kept: more than its first 512 tokens, all scored
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # 64-bit golden-ratio multiplier for hashing
 
 
@@ -105,8 +106,11 @@ def sample_blocks(rows: int, sample: int) -> list[tuple[int, int]]:
 
 
 def take_captions(src: CaptionSource, idx: np.ndarray) -> list[str]:
-    """Captions at sorted row indices `idx`: parquet by the row groups that hold them,
-    a directory shard by shard, anything else streamed once up to the last index."""
+    """Captions at sorted row indices `idx` (each cut to TEXT_CHARS, so the sample's memory
+    is bounded): parquet by the row groups that hold them, a directory shard by shard,
+    anything else streamed once up to the last index."""
+    import pyarrow.compute as pc
+
     if src.kind == "parquet":
         pf, out, start = src.parquet_reader(), [], 0
         for g in range(pf.file.metadata.num_row_groups):
@@ -115,7 +119,8 @@ def take_captions(src: CaptionSource, idx: np.ndarray) -> list[str]:
             at = 0  # rows of group g read so far; the reader checks they add up to n
             for rb in pf.batches([src.column], BATCH_ROWS, g) if local.size else ():
                 col = _check_arrow(rb.column(0), src._where(), start + at)
-                out += col.take(local[(local >= at) & (local < at + len(col))] - at).to_pylist()
+                took = col.take(local[(local >= at) & (local < at + len(col))] - at)
+                out += pc.utf8_slice_codeunits(took, 0, TEXT_CHARS).to_pylist()
                 at += len(col)
             start += n
         return out
@@ -130,7 +135,7 @@ def take_captions(src: CaptionSource, idx: np.ndarray) -> list[str]:
         return out
     out, start, want = [], 0, set(idx.tolist())
     for batch in src.batches():
-        out += [c for j, c in enumerate(batch) if start + j in want]
+        out += [c[:TEXT_CHARS] for j, c in enumerate(batch) if start + j in want]
         start += len(batch)
         if start > idx[-1]:
             break
