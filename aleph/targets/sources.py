@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aleph._io import file_kind, number_order_clash, parse_json_bytes, sha256_json
+from aleph._io import file_kind, number_order_clash, parse_json_bytes, sha256_json, short_repr
 from aleph.errors import StoreError
 from aleph.targets.format import DTYPES, raw_view, torch_dtype_name
 
@@ -118,12 +118,13 @@ def _inspect_npy(path: str, size: int) -> tuple[int, int, str, int, None]:
                     else np.lib.format.read_array_header_2_0)
             shape, fortran, dtype = read(f)
         except (ValueError, OSError, SyntaxError) as e:
-            raise StoreError(f"{path}: not a readable .npy file ({e})") from None
+            why = str(e) if len(str(e)) <= 200 else f"{str(e)[:160]}... ({len(str(e)):,} characters)"
+            raise StoreError(f"{path}: not a readable .npy file ({why})") from None
         offset = f.tell()
     name = _NPY_DTYPES.get(dtype.str)
     if name is None or fortran or len(shape) != 2:
         raise StoreError(f"{path}: expected a 2-D C-order float16/float32 array, found shape "
-                         f"{shape} dtype {dtype.str} fortran_order={fortran}")
+                         f"{short_repr(shape)} dtype {dtype.str} fortran_order={fortran}")
     need = offset + shape[0] * shape[1] * dtype.itemsize
     if size != need:
         raise _truncated(path, ".npy", need, size)
@@ -147,7 +148,7 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
         raise StoreError(f"{path}: expected exactly one tensor, found {sorted(tensors)}")
     (key, meta), = tensors.items()
     if not isinstance(meta, dict):
-        raise StoreError(f"{path}: tensor {key!r}: header entry is {meta!r}, expected an object")
+        raise StoreError(f"{path}: tensor {key!r}: header entry is {short_repr(meta)}, expected an object")
     shape, name = meta.get("shape"), _ST_DTYPES.get(meta.get("dtype"))
     if (name is None or not isinstance(shape, list) or len(shape) != 2
             or not all(type(n) is int and n >= 0 for n in shape)):
