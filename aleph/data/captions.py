@@ -22,7 +22,7 @@ from aleph.errors import DataError
 FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".gz")  # a path, not a dataset id
 BATCH_ROWS = 8192  # captions per batch read from a source
 _BLOCK = 1 << 20  # bytes read per block from a text file
-MAX_JSON_BYTES = 256 << 20  # a .json caption list is parsed whole: at most this much
+MAX_JSON_BYTES = readers.MAX_LINE_BYTES  # a .json list is parsed whole (~30x in memory)
 
 
 class CaptionsHasher:

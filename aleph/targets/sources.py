@@ -33,6 +33,7 @@ from aleph.targets.format import DTYPES, raw_view, torch_dtype_name
 SUFFIXES = (".pt", ".npy", ".safetensors")
 _NPY_DTYPES = {"<f2": "float16", "<f4": "float32"}
 _ST_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
+MAX_SAFETENSORS_HEADER = 1 << 20  # bytes of a chunk's JSON header (parsed: ~30x in memory)
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,11 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
     with open(path, "rb") as f:
         head = f.read(8)
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if n <= 0 or 8 + n > size or n > 100 << 20:
+        if n <= 0 or 8 + n > size:
             raise StoreError(f"{path}: not a safetensors file (bad header length {n})")
+        if n > MAX_SAFETENSORS_HEADER:  # one tensor's header is under 1 KiB
+            raise StoreError(f"{path}: not a safetensors file (header of {n:,} bytes; expected "
+                             f"at most {MAX_SAFETENSORS_HEADER:,})")
         try:
             header = parse_json_bytes(f.read(n))  # depth-safe
         except ValueError as e:  # not UTF-8, not JSON, too deep, an int past Python's digit limit

@@ -225,3 +225,18 @@ def test_a_hostile_npy_header_is_not_echoed_whole(tmp_path, shape):
     with pytest.raises(StoreError, match=r"h\.npy: ") as e:
         inspect_chunk(path)
     assert len(str(e.value)) < len(str(path)) + 400 and "\n" not in str(e.value), len(str(e.value))
+
+
+def test_a_safetensors_header_over_1_mib_is_refused_before_parsing(tmp_path):
+    """A one-tensor header is under 1 KiB; up to 100 MiB was read and parsed (~30x in memory)."""
+    import json
+    import struct
+
+    pad = "x" * (1 << 20)
+    h = json.dumps({"__metadata__": {"pad": pad},
+                    "t": {"dtype": "F16", "shape": [2, 4], "data_offsets": [0, 16]}}).encode()
+    path = tmp_path / "big.safetensors"
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 16)
+    with pytest.raises(StoreError, match=rf"big\.safetensors: not a safetensors file \(header of "
+                                         rf"{len(h):,} bytes; expected at most 1,048,576\)"):
+        inspect_chunk(path)
