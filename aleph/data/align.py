@@ -21,7 +21,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from aleph.data.captions import CaptionSource, _check_arrow, check_row_counts, open_captions
+from aleph.data.captions import (
+    BATCH_ROWS,
+    CaptionSource,
+    _check_arrow,
+    check_row_counts,
+    open_captions,
+)
 from aleph.errors import DataError
 
 FEATURE_DIM = 4096  # hashed feature buckets
@@ -30,6 +36,7 @@ SHIFTS = (-2, -1, 1, 2)  # alternative pairings scored next to the given one
 PAD = max(abs(s) for s in SHIFTS)  # target rows read beyond each sample block, each side
 RIDGE = 1.0  # kernel ridge regulariser (features are unit vectors: kernel diagonal 1)
 MIN_HITS, CHANCE_FACTOR, MARGIN = 8, 10.0, 1.25
+TEXT_CHARS = 1 << 14  # of a sampled caption kept: more than its first 512 tokens, all scored
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # 64-bit golden-ratio multiplier for hashing
 
 
@@ -99,16 +106,22 @@ def sample_blocks(rows: int, sample: int) -> list[tuple[int, int]]:
 
 
 def take_captions(src: CaptionSource, idx: np.ndarray) -> list[str]:
-    """Captions at sorted row indices `idx`: parquet by the row groups that hold them,
-    a directory shard by shard, anything else streamed once up to the last index."""
+    """Captions at sorted row indices `idx` (each cut to TEXT_CHARS, so the sample's memory
+    is bounded): parquet by the row groups that hold them, a directory shard by shard,
+    anything else streamed once up to the last index."""
+    import pyarrow.compute as pc
+
     if src.kind == "parquet":
-        pf, out, start = src.parquet_file(), [], 0
-        for g in range(pf.metadata.num_row_groups):
-            n = pf.metadata.row_group(g).num_rows
+        pf, out, start = src.parquet_reader(), [], 0
+        for g in range(pf.file.metadata.num_row_groups):
+            n = pf.file.metadata.row_group(g).num_rows
             local = idx[(idx >= start) & (idx < start + n)] - start
-            if local.size:
-                col = pf.read_row_group(g, columns=[src.column]).column(0).combine_chunks()
-                out += _check_arrow(col, src._where(), start).take(local).to_pylist()
+            at = 0  # rows of group g read so far; the reader checks they add up to n
+            for rb in pf.batches([src.column], BATCH_ROWS, g) if local.size else ():
+                col = _check_arrow(rb.column(0), src._where(), start + at)
+                took = col.take(local[(local >= at) & (local < at + len(col))] - at)
+                out += pc.utf8_slice_codeunits(took, 0, TEXT_CHARS).to_pylist()
+                at += len(col)
             start += n
         return out
     if src.kind == "dir":
@@ -122,7 +135,7 @@ def take_captions(src: CaptionSource, idx: np.ndarray) -> list[str]:
         return out
     out, start, want = [], 0, set(idx.tolist())
     for batch in src.batches():
-        out += [c for j, c in enumerate(batch) if start + j in want]
+        out += [c[:TEXT_CHARS] for j, c in enumerate(batch) if start + j in want]
         start += len(batch)
         if start > idx[-1]:
             break
@@ -212,11 +225,16 @@ def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
     texts = take_captions(captions, cap_idx)
     y_all = take_targets(targets, tgt_idx)  # (blocks * (n + 2 PAD), D)
     check_finite(targets, tgt_idx, y_all)  # a NaN row would poison every score: name it
+    # one common scale (the largest row norm, taken in float64) so float32 sums cannot
+    # overflow on finite but huge values; the scores are cosines, so it changes no verdict
+    y_f = y_all.double()
+    y_f = (y_f / y_f.norm(dim=1).max().clamp_min(1e-300)).float()
     ids = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=512)["input_ids"]
     x = features(ids)  # (blocks * n, dim)
     n = blocks[0][1]
     x = x.view(len(blocks), n, -1)  # (K, n, dim)
-    y_all = y_all.view(len(blocks), n + 2 * PAD, -1)  # (K, n + 2 PAD, D)
+    y_all = y_all.view(len(blocks), n + 2 * PAD, -1)  # (K, n + 2 PAD, D) own dtype
+    y_f = y_f.view(y_all.shape)  # (K, n + 2 PAD, D) float32, scaled
     fit, test = slice(0, None, 2), slice(1, None, 2)  # alternate blocks
     x_fit = x[fit].reshape(-1, x.shape[-1])  # (m, dim)
     x_test = x[test].reshape(-1, x.shape[-1])  # (m, dim)
@@ -226,14 +244,15 @@ def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
     del gram
 
     def r_at_1(shift: int, permute: torch.Tensor | None = None) -> float:
-        y = y_all[:, PAD + shift: PAD + shift + n]  # (K, n, D): target of caption i is i+shift
-        y_fit = y[fit].reshape(-1, y.shape[-1]).float()  # (m, D)
-        y_test_raw = y[test].reshape(-1, y.shape[-1])  # (m, D) own dtype, for identity
+        y = y_f[:, PAD + shift: PAD + shift + n]  # (K, n, D): target of caption i is i+shift
+        y_fit = y[fit].reshape(-1, y.shape[-1])  # (m, D)
+        y_test = y[test].reshape(-1, y.shape[-1])  # (m, D)
+        y_test_raw = y_all[:, PAD + shift: PAD + shift + n][test].reshape(y_test.shape)  # identity
         if permute is not None:
             y_fit = y_fit[permute]
         mean = y_fit.mean(0, keepdim=True)  # (1, D)
         pred = smoother @ (y_fit - mean)  # (m, D)
-        cand = y_test_raw.float() - mean  # (m, D)
+        cand = y_test - mean  # (m, D)
         scores = (pred / pred.norm(dim=1, keepdim=True).clamp_min(1e-12)) @ (
             cand / cand.norm(dim=1, keepdim=True).clamp_min(1e-12)).T  # (m, m)
         return float(retrieval_credit(scores, bitwise_same(y_test_raw)).mean())
@@ -243,6 +262,11 @@ def check_pairing(captions: CaptionSource, targets: Sequence[str], tokenizer,
     shuffled = r_at_1(0, torch.randperm(x_fit.shape[0], generator=g))
     shifted = {s: r_at_1(s) for s in SHIFTS}
     m = x_test.shape[0]
+    if not np.isfinite([given, shuffled, *shifted.values()]).all():
+        named = target_desc if target_desc != "targets" else f"targets {', '.join(targets[:2])}" + (
+            f" (and {len(targets) - 2} more)" if len(targets) > 2 else "")
+        raise DataError(f"{named}: held-out R@1 is not finite ({given}); expected finite "
+                        "target vectors of a usable scale (rebuild the targets)")
     best_alt = max(shuffled, *shifted.values())
     reasons = []
     if given * m < MIN_HITS:

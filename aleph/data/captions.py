@@ -22,7 +22,7 @@ from aleph.errors import DataError
 FILE_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".gz")  # a path, not a dataset id
 BATCH_ROWS = 8192  # captions per batch read from a source
 _BLOCK = 1 << 20  # bytes read per block from a text file
-MAX_JSON_BYTES = 256 << 20  # a .json caption list is parsed whole: at most this much
+MAX_JSON_BYTES = readers.MAX_LINE_BYTES  # a .json list is parsed whole (~30x in memory)
 
 
 class CaptionsHasher:
@@ -91,7 +91,7 @@ class CaptionSource:
             readers.check_regular(path)  # missing, a FIFO, a device: one line, never a hang
             self.kind = readers.caption_format(path)
             if self.kind == "parquet":
-                self.parquet_file()  # a non-parquet file or a missing column fails here
+                self.parquet_reader()  # a non-parquet file or a missing column fails here
         else:
             self.path, self.kind, self.name = None, "hub", str(source)
 
@@ -140,7 +140,7 @@ class CaptionSource:
             self._rows = {"txt": self._count_text, "jsonl": self._count_jsonl,
                           "dir": lambda: sum(s.count_rows() for s in self.shards),
                           "json": lambda: len(self._json_list()),
-                          "parquet": lambda: self.parquet_file().metadata.num_rows,
+                          "parquet": lambda: self.parquet_reader().file.metadata.num_rows,
                           "hub": lambda: self._dataset().num_rows}[self.kind]()
         return self._rows
 
@@ -254,9 +254,9 @@ class CaptionSource:
         return (f"{self.path} column {self.column!r}" if self.path is not None else
                 f"dataset {self.name!r} column {self.column!r}")
 
-    def parquet_file(self):
-        """The `pyarrow.parquet.ParquetFile` of a parquet source, its column checked."""
-        return readers.Parquet(self.path, [self.column]).file
+    def parquet_reader(self) -> readers.Parquet:
+        """The `readers.Parquet` of a parquet source, its column checked."""
+        return readers.Parquet(self.path, [self.column])
 
     def _dataset(self):
         if self._ds is None:

@@ -213,7 +213,7 @@ def flatten_captions(source: str | os.PathLike, fields: Sequence[str], out: str 
 def _one_pass(files: Sequence[Path], pass_fields: Sequence[str], min_chars: int, w: _Writer,
               res: FlattenResult) -> int:
     """Read every record once, writing `pass_fields` of each; returns the record count."""
-    row = 0
+    row = held = 0  # held: characters of the captions not yet flushed
     need = max(min_chars, 1)
     for cols in record_batches(files, pass_fields):
         n = len(cols[pass_fields[0]])
@@ -223,13 +223,15 @@ def _one_pass(files: Sequence[Path], pass_fields: Sequence[str], min_chars: int,
                 v = cols[f][j]
                 if isinstance(v, str) and len(v) >= need:
                     caps.append(v), rows.append(row + j), names.append(f)
+                    held += len(v)
                     res.kept[f] += 1
                 else:
                     why = ("missing" if v is None else "not_string" if not isinstance(v, str)
                            else "empty" if not v else "short")
                     res.skipped[f][why] += 1
         res.rows = sum(res.kept.values())
-        if len(caps) >= WRITE_ROWS:
+        if len(caps) >= WRITE_ROWS or held >= readers.BATCH_BYTES:  # long captions: by size
             w.flush()
+            held = 0
         row += n
     return row

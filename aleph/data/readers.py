@@ -3,7 +3,8 @@
 Every caption input is checked by stat, then opened by `aleph._io.open_regular` (O_NONBLOCK,
 fstat), so a FIFO or a device is refused in one line instead of blocking the reader. A
 damaged gzip stream is a DataError naming the file; lines are bounded (`MAX_LINE_BYTES`), so
-a file without newlines (or a one-line gzip bomb) cannot take the memory.
+a file without newlines (or a one-line gzip bomb) cannot take the memory; parquet values
+too, decoded a few rows at a time (`Parquet.batches`), so a dictionary bomb cannot either.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from aleph.errors import DataError
 
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")  # what a shard directory may hold
 GZ_INNER = (".txt", ".jsonl")  # what a .gz file may hold
-MAX_LINE_BYTES = 16 << 20  # one caption line or JSONL record, at most
+MAX_LINE_BYTES = 16 << 20  # one caption line, JSONL record or parquet value, at most
+READ_ROWS = 32  # parquet rows decoded at a time: READ_ROWS * MAX_LINE_BYTES before a check
+BATCH_BYTES = 32 << 20  # decoded bytes of a parquet batch handed on (at least one read)
 _GZ_ERRORS = (OSError, EOFError, zlib.error)  # BadGzipFile is an OSError; truncation EOFError
 
 
@@ -123,14 +126,71 @@ class Parquet:
         if missing := [c for c in columns if c not in self.names]:
             raise DataError(f"{path}: no column {missing[0]!r}; columns are {self.names}")
 
-    def batches(self, columns: list[str], rows: int) -> Iterator:
-        """pyarrow RecordBatches of `columns`, at most `rows` rows each (no columns: one
-        per row group, of its row count), in row order, read on this thread."""
+    def batches(self, columns: list[str], rows: int, row_group: int | None = None) -> Iterator:
+        """pyarrow RecordBatches of `columns`, at most `rows` rows and about BATCH_BYTES
+        each, in row order, read on this thread; only `row_group` when given. Values are
+        decoded READ_ROWS at a time (a dictionary column: its values measured first) and one
+        over MAX_LINE_BYTES is refused naming its row, so a small file of dictionary or
+        compressed pages cannot take the memory. The rows read must be the footer's count."""
+        meta = self.file.metadata
+        groups = range(meta.num_row_groups) if row_group is None else range(row_group, row_group + 1)
+        got = sum(meta.row_group(g).num_rows for g in range(groups.start))  # the rows before
+        counted = got + sum(meta.row_group(g).num_rows for g in groups)
+        held, n, size, step = [], 0, 0, min(rows, READ_ROWS)
+        for rb in self._read(columns, step, list(groups)):
+            held.append(self._bounded(rb, got))
+            got, n, size = got + rb.num_rows, n + rb.num_rows, size + held[-1].nbytes
+            if n + step > rows or size >= BATCH_BYTES:
+                yield _one_batch(held)
+                held, n, size = [], 0, 0
+        if held:
+            yield _one_batch(held)
+        if got != counted:
+            raise DataError(f"{self._where(columns)}: {got:,} rows read but {counted:,} counted "
+                            "before reading (a footer that overstates its rows, or changed "
+                            "while being read?)")
+
+    def _bounded(self, rb, start: int):
+        """`rb` with dictionary columns decoded, or a DataError naming the first string over
+        MAX_LINE_BYTES (measured before decoding; row `start` is rb's first)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not rb.num_columns:
+            return rb  # no columns: only its row count
+        cols = []
+        for name, col in zip(rb.schema.names, rb.columns, strict=True):
+            coded = pa.types.is_dictionary(col.type)
+            values = col.dictionary if coded else col
+            if any(f(values.type) for f in (pa.types.is_string, pa.types.is_large_string,
+                                            pa.types.is_binary, pa.types.is_large_binary)):
+                lens = pc.binary_length(values)
+                over = pc.greater(lens.take(col.indices) if coded else lens, MAX_LINE_BYTES)
+                if pc.any(over).as_py():
+                    i = pc.index(over, True).as_py()
+                    raise DataError(f"{self.path} column {name!r}: row {start + i:,} is longer "
+                                    f"than {MAX_LINE_BYTES:,} bytes; expected one caption per value")
+            cols.append(col.dictionary_decode() if coded else col)
+        return pa.RecordBatch.from_arrays(cols, names=rb.schema.names)
+
+    def _read(self, columns: list[str], rows: int, groups: Sequence[int]) -> Iterator:
         try:  # the consumer's own errors never reach here: only the reader's
-            yield from self.file.iter_batches(batch_size=rows, columns=columns, use_threads=False)
+            yield from self.file.iter_batches(batch_size=rows, row_groups=groups,
+                                              columns=columns, use_threads=False)
         except Exception as e:  # a damaged data page after a readable footer
             cols = f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {columns} are"
             raise DataError(f"{self.path}: {cols} not readable ({_arrow_why(e)})") from None
+
+    def _where(self, columns: Sequence[str]) -> str:
+        return (f"{self.path} column {columns[0]!r}" if len(columns) == 1 else
+                f"{self.path} columns {list(columns)}")
+
+
+def _one_batch(batches: list):
+    """One RecordBatch of consecutive `batches` (copied only when more than one)."""
+    import pyarrow as pa
+
+    return batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def _arrow_why(e: Exception) -> str:

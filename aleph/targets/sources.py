@@ -26,13 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from aleph._io import file_kind, number_order_clash, parse_json_bytes, sha256_json
+from aleph._io import file_kind, number_order_clash, parse_json_bytes, sha256_json, short_repr
 from aleph.errors import StoreError
 from aleph.targets.format import DTYPES, raw_view, torch_dtype_name
 
 SUFFIXES = (".pt", ".npy", ".safetensors")
 _NPY_DTYPES = {"<f2": "float16", "<f4": "float32"}
 _ST_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32"}
+MAX_SAFETENSORS_HEADER = 1 << 20  # bytes of a chunk's JSON header (parsed: ~30x in memory)
 
 
 @dataclass(frozen=True)
@@ -118,12 +119,13 @@ def _inspect_npy(path: str, size: int) -> tuple[int, int, str, int, None]:
                     else np.lib.format.read_array_header_2_0)
             shape, fortran, dtype = read(f)
         except (ValueError, OSError, SyntaxError) as e:
-            raise StoreError(f"{path}: not a readable .npy file ({e})") from None
+            why = str(e) if len(str(e)) <= 200 else f"{str(e)[:160]}... ({len(str(e)):,} characters)"
+            raise StoreError(f"{path}: not a readable .npy file ({why})") from None
         offset = f.tell()
     name = _NPY_DTYPES.get(dtype.str)
     if name is None or fortran or len(shape) != 2:
         raise StoreError(f"{path}: expected a 2-D C-order float16/float32 array, found shape "
-                         f"{shape} dtype {dtype.str} fortran_order={fortran}")
+                         f"{short_repr(shape)} dtype {dtype.str} fortran_order={fortran}")
     need = offset + shape[0] * shape[1] * dtype.itemsize
     if size != need:
         raise _truncated(path, ".npy", need, size)
@@ -134,8 +136,11 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
     with open(path, "rb") as f:
         head = f.read(8)
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if n <= 0 or 8 + n > size or n > 100 << 20:
+        if n <= 0 or 8 + n > size:
             raise StoreError(f"{path}: not a safetensors file (bad header length {n})")
+        if n > MAX_SAFETENSORS_HEADER:  # one tensor's header is under 1 KiB
+            raise StoreError(f"{path}: not a safetensors file (header of {n:,} bytes; expected "
+                             f"at most {MAX_SAFETENSORS_HEADER:,})")
         try:
             header = parse_json_bytes(f.read(n))  # depth-safe
         except ValueError as e:  # not UTF-8, not JSON, too deep, an int past Python's digit limit
@@ -147,7 +152,7 @@ def _inspect_safetensors(path: str, size: int) -> tuple[int, int, str, int, str]
         raise StoreError(f"{path}: expected exactly one tensor, found {sorted(tensors)}")
     (key, meta), = tensors.items()
     if not isinstance(meta, dict):
-        raise StoreError(f"{path}: tensor {key!r}: header entry is {meta!r}, expected an object")
+        raise StoreError(f"{path}: tensor {key!r}: header entry is {short_repr(meta)}, expected an object")
     shape, name = meta.get("shape"), _ST_DTYPES.get(meta.get("dtype"))
     if (name is None or not isinstance(shape, list) or len(shape) != 2
             or not all(type(n) is int and n >= 0 for n in shape)):

@@ -4,6 +4,7 @@ one row, and a row dropped halfway fail; row counts that differ are bad input (e
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -172,4 +173,42 @@ def test_a_parquet_caption_column_that_is_not_strings_is_bad_input(smoke, smoke_
     path = _parquet(tmp_path / "odd.parquet", [values(i) for i in range(rows)])
     with pytest.raises(DataError, match=rf"odd\.parquet column 'caption': row \d+ is {what}, "
                                         "expected a string"):
+        _check(smoke, smoke_tokenizer, path)
+
+
+def test_finite_but_huge_targets_give_the_figures_of_the_same_targets_unscaled(
+        smoke, smoke_tokenizer, pairings, tmp_path, monkeypatch):
+    """bfloat16 targets scaled by 2**127 (|x| up to 1.7e38, all finite) once made the float32
+    sums Inf, R@1 NaN and a traceback (exit 1); the verdict is cosine, so an exact power-of-two
+    scale changes no figure. A non-finite R@1 all the same is a DataError naming the targets."""
+    import aleph.data.align as align
+
+    dirs = {k: tmp_path / k for k in ("unit", "huge")}
+    for k, d in dirs.items():
+        d.mkdir()
+        for c in sorted(smoke.target_chunks):
+            t = torch.load(c, weights_only=True).float()
+            t = (t / t.abs().max()).to(torch.bfloat16) * (2.0 ** 127 if k == "huge" else 1)
+            assert torch.isfinite(t).all()
+            torch.save(t, d / c.name)
+    base, scaled = (check_pairing(open_captions(pairings["aligned"]), sorted(map(str, d.iterdir())),
+                                  smoke_tokenizer, sample=SAMPLE) for d in dirs.values())
+    assert scaled.aligned and scaled.r_at_1 == base.r_at_1 and scaled.shifted == base.shifted
+    print(base.line(), scaled.line(), sep="\n")
+    monkeypatch.setattr(align, "retrieval_credit", lambda s, same: torch.full(s.shape[:-1], float("nan")))
+    with pytest.raises(DataError, match=rf"^targets {re.escape(str(smoke.target_chunks[0]))}.*: "
+                                        r"held-out R@1 is not finite \(nan\); expected finite "):
+        _check(smoke, smoke_tokenizer, pairings["aligned"])
+
+
+def test_a_parquet_footer_that_overstates_its_rows_is_refused_not_aligned(smoke, smoke_tokenizer,
+                                                                          tmp_path):
+    """4,095 captions under a footer (file and row group) claiming 4,096 were ALIGNED against
+    4,096 targets; the row group read must hold the rows its footer counts."""
+    from tests.data.test_captions import _lying_parquet
+
+    path = tmp_path / "lie.parquet"
+    _lying_parquet(path, load_captions(smoke.captions)[:-1], smoke.rows)
+    with pytest.raises(DataError, match=r"lie\.parquet column 'caption': 4,095 rows read but "
+                                        r"4,096 counted before reading \(a footer that overstates"):
         _check(smoke, smoke_tokenizer, path)

@@ -147,3 +147,49 @@ def test_parquet_is_opened_by_one_reader():
                                                                           "read_metadata"))}
     assert list(calls) == ["readers.py"]
     assert "buffer_size=1 << 20" in calls["readers.py"] and "pre_buffer=False" in calls["readers.py"]
+
+
+_BOMB_CHILD = """
+import resource, sys
+from aleph.data import readers
+from aleph.errors import DataError
+print("base_mib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
+try:
+    rows = sum(b.num_rows for b in readers.Parquet(sys.argv[1], ["caption"]).batches(["caption"], 8192))
+    print("rows", rows)
+except DataError as e:
+    print(e)
+print("peak_mib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
+"""
+
+
+@pytest.mark.parametrize("value_bytes,rows,mib", [(readers.MAX_LINE_BYTES + 1, 256, 1280),
+                                                  (1 << 20, 1024, 320)])
+def test_a_parquet_dictionary_bomb_is_read_in_bounded_memory(tmp_path, value_bytes, rows, mib):
+    """Under 1 KB of parquet (one dictionary value, `rows` indices) decodes to 4 GiB (values
+    over the line bound: refused at row 0) or 1 GiB (values within it: streamed). Read whole
+    batches of 8,192 rows, they took 6 GB and 2.5 GB; now READ_ROWS values at a time. The
+    child runs under RLIMIT_DATA 2 GiB, so the old reader fails here without taking the box."""
+    import resource
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bomb.parquet"
+    one = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * value_bytes]))
+    pq.write_table(pa.table({"caption": one}), path, compression="zstd", store_schema=False)
+    assert path.stat().st_size < 1024
+    limit = 2 << 30
+    r = subprocess.run([sys.executable, "-c", _BOMB_CHILD, str(path)], capture_output=True,
+                       text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit)))
+    out = r.stdout.splitlines()
+    assert r.returncode == 0 and len(out) == 3, (r.returncode, r.stdout, r.stderr[-2000:])
+    if value_bytes > readers.MAX_LINE_BYTES:
+        assert out[1] == (f"{path} column 'caption': row 0 is longer than 16,777,216 bytes; "
+                          "expected one caption per value")
+    else:
+        assert out[1] == f"rows {rows}"
+    grew = int(out[2].split()[1]) - int(out[0].split()[1])  # MiB above the imports
+    assert grew < mib, out  # MiB; decoded: 4,096 / 1,024 MiB (measured: ~880 / ~170)
+    print(out)

@@ -172,3 +172,13 @@ def test_an_oversized_json_list_is_refused_before_parsing(tmp_path, monkeypatch)
     p.write_text(json.dumps([{"caption": "x" * 100}] * 20))
     with pytest.raises(DataError, match=r"big.json: larger than the 1,000 B this input may have"):
         list(open_captions(p))
+
+
+def test_a_json_caption_list_is_read_at_most_16_mib(tmp_path):
+    """Parsed whole, a .json list costs ~30x its size in memory: 256 MiB allowed ~8 GB; the
+    cap is now the line bound (.jsonl and parquet are the formats of big sources)."""
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps([{"caption": "x" * (16 << 20)}]))  # one string: cheap to parse
+    with pytest.raises(DataError, match=r"big\.json: larger than the 16,777,216 B this input may have"
+                                        r".*use \.jsonl or parquet"):
+        open_captions(p).count_rows()

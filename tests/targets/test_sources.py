@@ -209,3 +209,34 @@ def test_a_pt_chunk_whose_zip_entries_are_compressed_is_refused_before_it_inflat
     with pytest.raises(StoreError, match=r"chunk_00000\.pt: zip entry '.*' is compressed; "
                                          r"torch\.save stores its entries"):
         inspect_chunk(packed)
+
+
+@pytest.mark.parametrize("shape", ["(1, " + "9" * 5000 + ")", "(" * 3000 + ")" * 3000,
+                                   "(" + "1, " * 3000 + ")"])
+def test_a_hostile_npy_header_is_not_echoed_whole(tmp_path, shape):
+    """A 5,000-digit shape, 3,000 nested parentheses or 3,000 dimensions: one line naming the
+    file, with the header's echo capped (it was up to numpy's 10,000 header bytes)."""
+    import struct
+
+    head = ("{'descr': '<f2', 'fortran_order': False, 'shape': " + shape + ", }").encode()
+    head += b" " * (-(10 + len(head) + 1) % 64) + b"\n"
+    path = tmp_path / "h.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head)
+    with pytest.raises(StoreError, match=r"h\.npy: ") as e:
+        inspect_chunk(path)
+    assert len(str(e.value)) < len(str(path)) + 400 and "\n" not in str(e.value), len(str(e.value))
+
+
+def test_a_safetensors_header_over_1_mib_is_refused_before_parsing(tmp_path):
+    """A one-tensor header is under 1 KiB; up to 100 MiB was read and parsed (~30x in memory)."""
+    import json
+    import struct
+
+    pad = "x" * (1 << 20)
+    h = json.dumps({"__metadata__": {"pad": pad},
+                    "t": {"dtype": "F16", "shape": [2, 4], "data_offsets": [0, 16]}}).encode()
+    path = tmp_path / "big.safetensors"
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 16)
+    with pytest.raises(StoreError, match=rf"big\.safetensors: not a safetensors file \(header of "
+                                         rf"{len(h):,} bytes; expected at most 1,048,576\)"):
+        inspect_chunk(path)
