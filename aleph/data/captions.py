@@ -220,7 +220,7 @@ class CaptionSource:
         return sum(data.count(b"\n") + 1 for data, _ in self._line_blocks())
 
     def _jsonl_lines(self) -> Iterator[str]:
-        for n, obj in readers.jsonl_objects(self.path):
+        for n, obj, _ in readers.jsonl_objects(self.path):
             yield _field(obj, self.column, f"{self.path}:{n}")
 
     def _count_jsonl(self) -> int:
@@ -322,16 +322,18 @@ def load_captions(source: str | os.PathLike, column: str = "caption", split: str
 
 
 def _rebatch(pieces: Iterable[list[str]] | Iterable[str], rows: int) -> Iterator[list[str]]:
-    """Lists of `rows` captions from lists of any size (or single captions)."""
+    """Lists of at most `rows` captions and about readers.BATCH_BYTES characters (at least
+    one caption) from lists of any size or single captions: 8,192 captions of 16 MiB each
+    would be 128 GiB held at once."""
     out: list[str] = []
+    size = 0
     for piece in pieces:
-        if isinstance(piece, str):
-            out.append(piece)
-        else:
-            out += piece
-        while len(out) >= rows:
-            yield out[:rows]
-            out = out[rows:]
+        for text in (piece,) if isinstance(piece, str) else piece:
+            out.append(text)
+            size += len(text)
+            if len(out) >= rows or size >= readers.BATCH_BYTES:
+                yield out
+                out, size = [], 0
     if out:
         yield out
 

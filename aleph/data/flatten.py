@@ -75,15 +75,17 @@ def record_batches(files: Sequence[Path], fields: Sequence[str],
                        for f in fields}
             continue
         cols: dict[str, list] = {f: [] for f in fields}
-        for n, obj in readers.jsonl_objects(path):
+        size = 0  # bytes of the lines held: a batch of long records stays bounded
+        for n, obj, line_bytes in readers.jsonl_objects(path):
             if not isinstance(obj, dict):
                 raise DataError(f"{path}:{n}: expected a JSON object (one record per line), "
                                 f"got {type(obj).__name__}")
             for f in fields:
                 cols[f].append(obj.get(f))
-            if len(cols[fields[0]]) >= batch:
+            size += line_bytes
+            if len(cols[fields[0]]) >= batch or size >= readers.BATCH_BYTES:
                 yield cols
-                cols = {f: [] for f in fields}
+                cols, size = {f: [] for f in fields}, 0
         if cols[fields[0]]:
             yield cols
 

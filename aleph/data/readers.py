@@ -273,8 +273,9 @@ def json_why(e: ValueError) -> str:
     return f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
 
 
-def jsonl_objects(path: Path) -> Iterator[tuple[int, object]]:
-    """(line number, `parse_json_line` value) of each non-blank line of a .jsonl(.gz) file."""
+def jsonl_objects(path: Path) -> Iterator[tuple[int, object, int]]:
+    """(line number, `parse_json_line` value, the line's bytes) of each non-blank line of a
+    .jsonl(.gz) file."""
     with Stream(path) as f:
         for n, raw in f.lines():
             try:
@@ -283,4 +284,4 @@ def jsonl_objects(path: Path) -> Iterator[tuple[int, object]]:
                 if not raw.decode("utf-8", "replace").strip():
                     continue  # a blank line (Unicode whitespace included) is not a record
                 raise
-            yield n, obj
+            yield n, obj, len(raw)

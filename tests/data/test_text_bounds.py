@@ -182,3 +182,40 @@ def test_a_json_caption_list_is_read_at_most_16_mib(tmp_path):
     with pytest.raises(DataError, match=r"big\.json: larger than the 16,777,216 B this input may have"
                                         r".*use \.jsonl or parquet"):
         open_captions(p).count_rows()
+
+
+_LONG_LINES_CHILD = """
+import resource, sys
+from aleph.data.captions import open_captions
+from aleph.data.flatten import record_batches
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+if sys.argv[1].endswith(".txt.gz"):
+    sizes = [sum(map(len, b)) for b in open_captions(sys.argv[1]).batches()]
+else:
+    sizes = [sum(map(len, b["caption"])) for b in record_batches([__import__("pathlib").Path(sys.argv[1])], ["caption"])]
+print(len(sizes), sum(sizes), max(sizes), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10) - base)
+"""
+
+
+@pytest.mark.parametrize("name", ["long.txt.gz", "long.jsonl.gz"])
+def test_many_long_lines_are_read_in_batches_bounded_in_bytes(tmp_path, name):
+    """A 1 MB gzip of 512 lines of 1 MiB each (every line within the 16 MiB bound) decodes to
+    512 MiB: batches of 8,192 lines held them all at once (the parquet bomb's text twin);
+    now a batch ends at readers.BATCH_BYTES, so the reader's memory does not grow with it."""
+    from aleph.data import readers
+
+    line = ("a" * (1 << 20)).encode()
+    if name.endswith(".jsonl.gz"):
+        line = b'{"caption": "' + line + b'"}'
+    with gzip.open(tmp_path / name, "wb", compresslevel=1) as f:
+        for _ in range(512):
+            f.write(line + b"\n")
+    r = subprocess.run([sys.executable, "-c", _LONG_LINES_CHILD, str(tmp_path / name)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    batches, chars, largest, grew_mib = map(int, r.stdout.split())
+    assert chars == 512 << 20
+    assert batches >= (512 << 20) // (readers.BATCH_BYTES + (1 << 20))  # not one batch of all
+    assert largest <= readers.BATCH_BYTES + (1 << 20)  # stops at the first line past the bound
+    assert grew_mib < 256, r.stdout  # MiB above the imports, for 512 MiB decoded
+    print(f"{name}: {batches} batches, peak {grew_mib} MiB above the imports for 512 MiB decoded")
