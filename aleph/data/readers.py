@@ -138,40 +138,53 @@ class Parquet:
         counted = got + sum(meta.row_group(g).num_rows for g in groups)
         held, n, size, step = [], 0, 0, min(rows, READ_ROWS)
         for rb in self._read(columns, step, list(groups)):
-            held.append(self._bounded(rb, got))
+            held.append(self._decoded(rb, got))
             got, n, size = got + rb.num_rows, n + rb.num_rows, size + held[-1].nbytes
-            if n + step > rows or size >= BATCH_BYTES:
-                yield _one_batch(held)
+            if n + step > rows or size >= BATCH_BYTES:  # checked once per batch: cheap
+                yield self._checked(_one_batch(held), got - n)
                 held, n, size = [], 0, 0
         if held:
-            yield _one_batch(held)
+            yield self._checked(_one_batch(held), got - n)
         if got != counted:
             raise DataError(f"{self._where(columns)}: {got:,} rows read but {counted:,} counted "
                             "before reading (a footer that overstates its rows, or changed "
                             "while being read?)")
 
-    def _bounded(self, rb, start: int):
-        """`rb` with dictionary columns decoded, or a DataError naming the first string over
-        MAX_LINE_BYTES (measured before decoding; row `start` is rb's first)."""
+    def _decoded(self, rb, start: int):
+        """`rb` with its dictionary columns decoded, each value measured on the dictionary
+        first (one 16 MiB value taken 1,000 times must not be decoded to see it)."""
+        import pyarrow as pa
+
+        if not any(pa.types.is_dictionary(c.type) for c in rb.columns):
+            return rb
+        cols = []
+        for name, col in zip(rb.schema.names, rb.columns, strict=True):
+            if pa.types.is_dictionary(col.type):
+                self._refuse_long(name, col.dictionary, start, col.indices)
+                col = col.dictionary_decode()
+            cols.append(col)
+        return pa.RecordBatch.from_arrays(cols, names=rb.schema.names)
+
+    def _checked(self, rb, start: int):
+        """`rb`, or a DataError naming the first string over MAX_LINE_BYTES (row `start` is
+        rb's first)."""
+        for name, col in zip(rb.schema.names, rb.columns, strict=True):
+            self._refuse_long(name, col, start)
+        return rb
+
+    def _refuse_long(self, name: str, values, start: int, indices=None) -> None:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        if not rb.num_columns:
-            return rb  # no columns: only its row count
-        cols = []
-        for name, col in zip(rb.schema.names, rb.columns, strict=True):
-            coded = pa.types.is_dictionary(col.type)
-            values = col.dictionary if coded else col
-            if any(f(values.type) for f in (pa.types.is_string, pa.types.is_large_string,
+        if not any(f(values.type) for f in (pa.types.is_string, pa.types.is_large_string,
                                             pa.types.is_binary, pa.types.is_large_binary)):
-                lens = pc.binary_length(values)
-                over = pc.greater(lens.take(col.indices) if coded else lens, MAX_LINE_BYTES)
-                if pc.any(over).as_py():
-                    i = pc.index(over, True).as_py()
-                    raise DataError(f"{self.path} column {name!r}: row {start + i:,} is longer "
-                                    f"than {MAX_LINE_BYTES:,} bytes; expected one caption per value")
-            cols.append(col.dictionary_decode() if coded else col)
-        return pa.RecordBatch.from_arrays(cols, names=rb.schema.names)
+            return
+        lens = pc.binary_length(values)
+        over = pc.greater(lens if indices is None else lens.take(indices), MAX_LINE_BYTES)
+        if pc.any(over).as_py():
+            i = pc.index(over, True).as_py()
+            raise DataError(f"{self.path} column {name!r}: row {start + i:,} is longer "
+                            f"than {MAX_LINE_BYTES:,} bytes; expected one caption per value")
 
     def _read(self, columns: list[str], rows: int, groups: Sequence[int]) -> Iterator:
         try:  # the consumer's own errors never reach here: only the reader's
