@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -14,9 +15,9 @@ from aleph.errors import EXIT_STOPPED
 from tests.train.conftest import (
     REPO,
     child_env,
-    completed_run,
     final_weights,
     run_train,
+    smoke_dir,
     start_train,
     tb_scalars,
     train_cmd,
@@ -30,9 +31,31 @@ SETS = ("max_steps=12", "ckpt_every_steps=3", "dropout=0.1")
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, smoke_data_dir):
-    """An uninterrupted run of the same config, in its own work root."""
-    run_dir = completed_run(tmp_path_factory, smoke_data_dir, "a1_anchored", 3, *SETS)
-    return final_weights(run_dir), tb_scalars(run_dir)
+    """An uninterrupted run of the same config, in its own work root (nothing shared), started
+    here and left to train beside the first test's launches; calling the fixture's value waits
+    for it and gives (final weights, TensorBoard scalars)."""
+    work = tmp_path_factory.mktemp("a1_anchored-s3") / "work"
+    shutil.copytree(smoke_data_dir, smoke_dir(work))
+    got: list[tuple[dict, dict]] = []
+    with open(work.parent / "console.txt", "w+") as console:  # a file: no pipe to drain
+        proc = subprocess.Popen(train_cmd("a1_anchored", 3, *SETS), cwd=REPO,
+                                env=child_env(work), stdout=console, stderr=subprocess.STDOUT,
+                                text=True)
+
+        def result() -> tuple[dict, dict]:
+            if not got:
+                rc = proc.wait(240)
+                console.seek(0)
+                assert rc == 0, console.read()
+                run_dir = work / "runs" / "smoke" / "a1_anchored-s3"
+                got.append((final_weights(run_dir), tb_scalars(run_dir)))
+            return got[0]
+
+        try:
+            yield result
+        finally:
+            proc.kill()  # a no-op once it has ended
+            proc.wait()
 
 
 def _assert_bitwise(a: dict, b: dict) -> None:
@@ -52,7 +75,8 @@ def test_sigkill_then_resume_is_bitwise_identical(train_work, reference):
     again = run_train(train_work, train_cmd("a1_anchored", 3, *SETS))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resume: step 3, samples seen 96, from checkpoints/step-00000003" in again.stdout
-    _assert_bitwise(final_weights(run_dir), reference[0])
+    ref_weights, ref_scalars = reference()
+    _assert_bitwise(final_weights(run_dir), ref_weights)
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
     statuses = [(x["status"], x["exit_status"]) for x in manifest["launches"]]
@@ -61,7 +85,7 @@ def test_sigkill_then_resume_is_bitwise_identical(train_work, reference):
     # TensorBoard drops the killed launch's steps 4-5 (purge_step) and keeps one value per step.
     losses = tb_scalars(run_dir)["train/loss"]
     assert [s for s, _ in losses] == list(range(1, 13))
-    ref = dict(reference[1]["train/loss"])
+    ref = dict(ref_scalars["train/loss"])
     assert all(v == ref[s] for s, v in losses)
 
 
@@ -94,7 +118,7 @@ def test_sigterms_save_at_that_step_exit_76_and_resume(train_work, reference):
     again = run_train(train_work, train_cmd("a1_anchored", 3, *SETS))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resume: step 4, samples seen 128" in again.stdout
-    _assert_bitwise(final_weights(run_dir), reference[0])
+    _assert_bitwise(final_weights(run_dir), reference()[0])
     # keep at least two complete states; the newest is the final step
     kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert kept == ["step-00000009", "step-00000012"]
