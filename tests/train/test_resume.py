@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,17 +158,38 @@ def test_config_may_change_until_something_was_trained(train_work):
     assert json.loads((run_dir / "config.json").read_text())["batch_size"] == 32
 
 
-def test_a_relaunch_with_only_arm_seed_preset_resumes_with_the_recorded_config(train_work):
+OVERRIDES = ("max_steps=6", "lr=0.001")
+
+
+@pytest.fixture(scope="module")
+def stopped_after_2(tmp_path_factory, smoke_data_dir) -> Path:
+    """A work root whose run a2_dense-s5, made with OVERRIDES, was stopped (SIGTERM) after
+    step 2; the two tests below each relaunch it in a copy of their own, never here."""
+    work = tmp_path_factory.mktemp("stopped-after-2") / "work"
+    shutil.copytree(smoke_data_dir, smoke_dir(work))
+    proc = start_train(work, train_cmd("a2_dense", 5, *OVERRIDES),
+                       ALEPH_TRAIN_PAUSE_AFTER_STEP="2")
+    wait_for_log(work / "runs" / "smoke" / "a2_dense-s5", "paused after step 2", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_STOPPED, out[-3000:]
+    return work
+
+
+def _copy_of(work: Path, tmp_path: Path) -> Path:
+    mine = tmp_path / "work"
+    shutil.copytree(work, mine, symlinks=True)
+    return mine
+
+
+def test_a_relaunch_with_only_arm_seed_preset_resumes_with_the_recorded_config(stopped_after_2,
+                                                                               tmp_path):
     """Issue 35: a run made with overrides, relaunched with no field given, continues as it was
     made (not a refusal of the preset's values), its config.json untouched."""
     import sys
 
+    train_work = _copy_of(stopped_after_2, tmp_path)
     run_dir = train_work / "runs" / "smoke" / "a2_dense-s5"
-    proc = start_train(train_work, train_cmd("a2_dense", 5, "max_steps=6", "lr=0.001"),
-                       ALEPH_TRAIN_PAUSE_AFTER_STEP="2")
-    wait_for_log(run_dir, "paused after step 2", proc)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == EXIT_STOPPED
     before = (run_dir / "config.json").read_bytes()
     bare = [sys.executable, "-m", "aleph", "train", "--arm", "a2_dense", "--seed", "5",
             "--preset", "smoke"]
@@ -178,7 +200,8 @@ def test_a_relaunch_with_only_arm_seed_preset_resumes_with_the_recorded_config(t
     assert (run_dir / "config.json").read_bytes() == before
 
 
-def test_a_run_recorded_with_a_retired_field_resumes_and_compares_as_before(train_work):
+def test_a_run_recorded_with_a_retired_field_resumes_and_compares_as_before(stopped_after_2,
+                                                                            tmp_path):
     """A config.json written before defer_step_sync was removed (issue 34) still resumes, given
     its fields or none, and `runs diff` calls the field info, not a blocker; naming it on the
     command line is refused like any unknown field."""
@@ -186,26 +209,23 @@ def test_a_run_recorded_with_a_retired_field_resumes_and_compares_as_before(trai
 
     from aleph.report.diff import RunDiff, compare_config
 
-    run_dir = train_work / "runs" / "smoke" / "a2_dense-s7"
-    sets = ("max_steps=6", "lr=0.001")
-    proc = start_train(train_work, train_cmd("a2_dense", 7, *sets), ALEPH_TRAIN_PAUSE_AFTER_STEP="2")
-    # refused at the command line, before any run is read: it runs while the first launch trains
-    refused = subprocess.Popen(train_cmd("a2_dense", 7, *sets, "defer_step_sync=true"), cwd=REPO,
+    train_work = _copy_of(stopped_after_2, tmp_path)
+    run_dir = train_work / "runs" / "smoke" / "a2_dense-s5"
+    sets = OVERRIDES
+    # refused at the command line, before any run is read: it runs while the config is edited
+    refused = subprocess.Popen(train_cmd("a2_dense", 5, *sets, "defer_step_sync=true"), cwd=REPO,
                                env=child_env(train_work), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-    wait_for_log(run_dir, "paused after step 2", proc)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == EXIT_STOPPED
     config = run_dir / "config.json"
     now = json.loads(config.read_text())
     config.write_text(json.dumps({**now, "defer_step_sync": True}, indent=2, sort_keys=True))
     _, err = refused.communicate(timeout=120)
     assert refused.returncode == 2 and "unknown config field(s) defer_step_sync" in err
-    again = run_train(train_work, train_cmd("a2_dense", 7, *sets))
+    again = run_train(train_work, train_cmd("a2_dense", 5, *sets))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr
     assert "resume: step 2" in again.stdout and "complete (step 6 of 6)" in again.stdout
     bare = run_train(train_work, [sys.executable, "-m", "aleph", "train", "--arm", "a2_dense",
-                                  "--seed", "7", "--preset", "smoke"])
+                                  "--seed", "5", "--preset", "smoke"])
     assert bare.returncode == 0, bare.stdout[-3000:] + bare.stderr
     assert "continues with its recorded config" in bare.stdout
     d = RunDiff("A", "B")
