@@ -138,14 +138,21 @@ def test_changed_config_is_refused_without_touching_the_run(train_work):
     assert [x["status"] for x in manifest["launches"]] == ["complete"]
 
 
-def test_config_may_change_until_something_was_trained(train_work):
+def test_config_may_change_until_something_was_trained(train_work, tmp_path, smoke_data_dir):
     run_dir = train_work / "runs" / "smoke" / "a2_dense-s4"
-    bad = run_train(train_work, train_cmd("a2_dense", 4, "max_steps=2", "batch_size=2048"))
-    assert bad.returncode == 2 and "'batch_size': 2048 exceeds the 1024 rows" in bad.stderr
-    assert not run_dir.exists()  # refused before the run directory: no trace
+    # The refused launch runs in a fresh work root of its own (nothing shared), beside the
+    # first launch below: a launch is one busy core, and it must leave no run directory.
+    fresh = tmp_path / "fresh"
+    shutil.copytree(smoke_data_dir, smoke_dir(fresh))
+    bad = subprocess.Popen(train_cmd("a2_dense", 4, "max_steps=2", "batch_size=2048"), cwd=REPO,
+                           env=child_env(fresh), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
     # a first launch that is on record but trains nothing: stopped before its first step
     first = start_train(train_work, train_cmd("a2_dense", 4, "max_steps=2", "batch_size=64"),
                         ALEPH_TRAIN_PAUSE_IN_PREFLIGHT="model")
+    _, err = bad.communicate(timeout=240)
+    assert bad.returncode == 2 and "'batch_size': 2048 exceeds the 1024 rows" in err, err
+    assert not (fresh / "runs" / "smoke" / "a2_dense-s4").exists()  # refused before the run directory: no trace
     wait_for_log(run_dir, "paused in preflight before model", first)
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=120) == EXIT_STOPPED
