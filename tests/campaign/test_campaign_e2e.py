@@ -144,22 +144,9 @@ def test_campaign_killed_and_restarted_runs_every_run_once(campaign_work, tmp_pa
         assert json.loads((work / "runs" / "smoke" / rid / "eval.json").read_text())["weights"]["sha256"] \
             == state["runs"][rid]["weights_sha256"]
 
-    # --- another campaign over complete runs launches nothing --------------------------
-    again = subprocess.run(campaign_cmd("again", "--arms", "a1_anchored", "--devices", "cpu:2"),
-                           cwd=REPO, env=child_env(work), capture_output=True, text=True,
-                           timeout=120)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-    for rid in ("a1_anchored-s0", "a1_anchored-s1"):
-        assert f"{rid}: already complete before this launch: skipped" in again.stdout
-        assert read_state(work, "again")["runs"][rid]["launches"] == []
-        assert len(rundirs.trainer_logs(work / "runs" / "smoke" / rid)) == 1
-    from aleph.train.config import resolve
-
-    other = resolve("smoke", None, [*RUN_SETS[1::2], "max_steps=9"], arm="a1_anchored", seed=0)
-    assert "is complete with another config" in rundirs.config_conflict(
-        work / "runs" / "smoke" / "a1_anchored-s0", other)
-
-    # --- the same runs launched one by one give the same final weights ------------------
+    # --- the same runs launched one by one (in a work root of their own) ----------------
+    # Started now, so they run beside the next campaign (one process: a free core otherwise);
+    # their weights are compared below, after that campaign's checks.
     alone = seed_work(tmp_path_factory.mktemp("one-by-one") / "work", smoke_data_dir)
     procs_ = []
     for rid in COMPARED:
@@ -168,11 +155,34 @@ def test_campaign_killed_and_restarted_runs_every_run_once(campaign_work, tmp_pa
             [sys.executable, "-m", "aleph", "train", "--arm", arm, "--seed", seed, *TRAIN_ARGS],
             cwd=REPO, env=child_env(alone), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True))
-    for rid, p in zip(COMPARED, procs_, strict=True):
-        out = p.communicate(timeout=300)[0]
-        assert p.returncode == 0, out[-3000:]
-        assert sha256_file(alone / "runs" / "smoke" / rid / rundirs.FINAL_WEIGHTS) == \
-            state["runs"][rid]["weights_sha256"], rid
+
+    try:
+        # --- another campaign over complete runs launches nothing --------------------------
+        again = subprocess.run(campaign_cmd("again", "--arms", "a1_anchored", "--devices", "cpu:2"),
+                               cwd=REPO, env=child_env(work), capture_output=True, text=True,
+                               timeout=120)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+        for rid in ("a1_anchored-s0", "a1_anchored-s1"):
+            assert f"{rid}: already complete before this launch: skipped" in again.stdout
+            assert read_state(work, "again")["runs"][rid]["launches"] == []
+            assert len(rundirs.trainer_logs(work / "runs" / "smoke" / rid)) == 1
+        from aleph.train.config import resolve
+
+        other = resolve("smoke", None, [*RUN_SETS[1::2], "max_steps=9"], arm="a1_anchored", seed=0)
+        assert "is complete with another config" in rundirs.config_conflict(
+            work / "runs" / "smoke" / "a1_anchored-s0", other)
+
+        # --- the same runs launched one by one give the same final weights ------------------
+        for rid, p in zip(COMPARED, procs_, strict=True):
+            out = p.communicate(timeout=300)[0]
+            assert p.returncode == 0, out[-3000:]
+            assert sha256_file(alone / "runs" / "smoke" / rid / rundirs.FINAL_WEIGHTS) == \
+                state["runs"][rid]["weights_sha256"], rid
+    finally:  # none left running if a check above failed
+        for p in procs_:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 def test_sigterm_stops_the_trainers_cleanly_and_exits_76(campaign_work):

@@ -75,11 +75,31 @@ def work(tmp_path_factory, smoke_data_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def run_a(tmp_path_factory, work) -> Path:
-    """a1, seed 1, trained on the unedited package."""
+def run_a(tmp_path_factory, smoke_data_dir):
+    """a1, seed 1, trained on the unedited package, in a work root of its own (nothing
+    shared): started here, it trains beside the first test's launches; calling the fixture's
+    value waits for it (exit 0 asserted) and gives the run directory."""
     src = copy_package(tmp_path_factory.mktemp("clean"))
-    train(src, work, "a1_anchored", 1)
-    return work / "runs" / "smoke" / "a1_anchored-s1"
+    root = tmp_path_factory.mktemp("run-a") / "work"
+    shutil.copytree(smoke_data_dir, smoke_dir(root))
+    done: list[Path] = []
+    with open(root.parent / "console.txt", "w+") as console:  # a file: no pipe to drain
+        proc = subprocess.Popen(cmd("a1_anchored", 1), cwd=src, env=env_for(src, root),
+                                stdout=console, stderr=subprocess.STDOUT, text=True)
+
+        def result() -> Path:
+            if not done:
+                rc = proc.wait(300)
+                console.seek(0)
+                assert rc == 0, console.read()[-6000:]
+                done.append(root / "runs" / "smoke" / "a1_anchored-s1")
+            return done[0]
+
+        try:
+            yield result
+        finally:
+            proc.kill()  # a no-op once it has ended
+            proc.wait()
 
 
 def test_a_noop_relaunch_on_reverted_code_does_not_make_an_edited_run_equivalent(
@@ -92,7 +112,7 @@ def test_a_noop_relaunch_on_reverted_code_does_not_make_an_edited_run_equivalent
     assert "run already complete at step 4; nothing to train" in out
     run_b = work / "runs" / "smoke" / "a1_anchored-s2"
 
-    d = diff_runs(run_a, run_b)
+    d = diff_runs(run_a(), run_b)
     text = format_diff(d)
     assert d.verdict != "equivalent", text
     assert "aleph/model/bank.py: AnchoredBank.forward executed by A and B, its code differs" in d.caveats
@@ -128,7 +148,7 @@ def test_sigint_on_edited_code_then_resume_on_clean_code_names_the_launch_and_st
     edit(src, EXPERTS_EDITED, EXPERTS)
     assert "resume: step 2, samples seen 64" in train(src, work, "a1_anchored", 3)
 
-    d = diff_runs(run_a, run_c)
+    d = diff_runs(run_a(), run_c)
     text = format_diff(d)
     assert d.verdict != "equivalent", text
     import json
@@ -196,10 +216,10 @@ def test_num_threads_is_not_bitwise_comparable_and_the_weights_say_so(tmp_path, 
     src = copy_package(tmp_path / "src")
     train(src, other, "a1_anchored", 1, "num_threads=2")
     run_2 = other / "runs" / "smoke" / "a1_anchored-s1"
-    a, b = final_weights(run_a), final_weights(run_2)
+    a, b = final_weights(run_a()), final_weights(run_2)
     largest = max((a[k] - b[k]).abs().max().item() for k in a)
     assert largest > 0, "two threads gave bitwise the same weights: the classification is untested"
-    d = diff_runs(run_a, run_2)
+    d = diff_runs(run_a(), run_2)
     assert d.caveats == ["num_threads 1 vs 2: not bitwise comparable: the CPU intra-op thread "
                          "count changes how reductions are split and summed"], format_diff(d)
     print(f"largest weight difference, num_threads 1 vs 2 after 4 steps: {largest:.3g}")

@@ -123,14 +123,20 @@ def test_trainer_pt_that_is_not_a_regular_file_is_refused(tmp_path, kind):
         ckpt.load_trainer_state(state)
 
 
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, smoke_data_dir):
+    """One completed run for both cases below; each plants into its own copy, never here."""
+    return completed_run(tmp_path_factory, smoke_data_dir, "a2_dense", 3, "ckpt_every_steps=8")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("finished", [False, True], ids=["mid-run", "complete-run"])
-def test_a_planted_state_does_not_run_through_aleph_train(tmp_path_factory, smoke_data_dir,
+def test_a_planted_state_does_not_run_through_aleph_train(tmp_path_factory, trained_run,
                                                            finished):
     """The whole path a pulled run takes: `aleph train` on it resumes from its newest state."""
-    run = completed_run(tmp_path_factory, smoke_data_dir, "a2_dense", 3,
-                        "ckpt_every_steps=8")
-    work = run.parents[2]
+    work = tmp_path_factory.mktemp("planted") / "work"
+    shutil.copytree(trained_run.parents[2], work, symlinks=True)  # data, cache, the run
+    run = work / trained_run.relative_to(trained_run.parents[2])
     if not finished:
         shutil.rmtree(run / "weights" / "final")
     [*_, newest] = RunLayout(run).complete_states()
