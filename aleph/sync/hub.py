@@ -42,7 +42,8 @@ ERROR_BODY_MAX = 64 << 10
 
 @dataclass(frozen=True)
 class PullLimits:
-    """The time bounds of one hub download (its bytes: the size listed)."""
+    """The time bounds of one hub download (its bytes: the size listed) or push (the bytes
+    sent)."""
 
     min_rate: float = 32 * 1024
     """Bytes/s a body must average over each `window_s`, else refused."""
@@ -206,7 +207,7 @@ class HubDestination(Destination):
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
         if not self._created:
-            with self._calling("creating the repo"):
+            with self._calling("creating the repo"), self._bounded("creating the repo", 0):
                 self.api.create_repo(self.repo_id, private=True, exist_ok=True)
             self._created = True
         ops = []
@@ -217,11 +218,22 @@ class HubDestination(Destination):
         ops += [CommitOperationDelete(path_in_repo=f"{run}/{rel}") for rel in drops]
         ops.append(CommitOperationAdd(path_in_repo=f"{run}/{INDEX_NAME}",
                                       path_or_fileobj=ix.encode(index)))
-        with self._calling(f"the commit of {len(sends)} file(s) of {run}"):
+        what = f"the commit of {len(sends)} file(s) of {run}"
+        with self._calling(what), self._bounded(what, sum(i.size for i in sends)):
             info = self.api.create_commit(
                 self.repo_id, ops, commit_message=f"aleph sync {run} step {index.get('step')}",
                 parent_commit=previous.revision if previous else None)
         return info.oid
+
+    def _bounded(self, what: str, sent: int):
+        """A deadline (`PullLimits`: the answer's time + `sent` bytes at the minimum rate) on
+        a call into huggingface_hub, which waits on a silent hub forever. SIGALRM: the main
+        thread only (`aleph runs push`); the trainer's sync thread is bounded by its stop."""
+        lim = self.limits
+        return alarm_at(time.monotonic() + lim.answer_s + sent / lim.min_rate, SyncError(
+            f"sync destination {self.spec}: {what}: not done within its deadline "
+            f"({lim.answer_s:g} s + {sent:,} B at {lim.min_rate:,.0f} B/s); the destination "
+            "keeps its previous snapshot"))
 
     def prune(self, run: str) -> None:
         """Nothing: the hub keeps a run's history as commits."""

@@ -47,6 +47,8 @@ class FakeHub:
         self.listed: dict[str, int | None] = {}  # path -> the size the listing says instead
         self.bodies: dict[str, object] = {}  # path -> fn(handler) answering its GET instead
         self.listing: object = None  # raw 200 body, or fn(handler), answering every listing
+        self.hang: set[str] = set()  # routes (create, commit, ...) that never answer
+        self._released = threading.Event()
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -58,6 +60,7 @@ class FakeHub:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._released.set()  # a hung answer ends with the server
         self.server.shutdown()
         self.server.server_close()
 
@@ -102,6 +105,9 @@ def _handler(hub: FakeHub):
             for m, pattern, name in _ROUTES:
                 match = pattern.fullmatch(path)
                 if m == method and match:
+                    if name in hub.hang:
+                        hub._released.wait()
+                        return
                     with hub.lock:
                         getattr(self, name)(**{k: unquote(v) for k, v in match.groupdict().items()})
                     return

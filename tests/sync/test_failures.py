@@ -107,3 +107,27 @@ def test_a_hub_that_cannot_be_reached_or_refuses_the_token_is_one_error(run_copy
             pull(refused, tmp_path / "new-work")
     assert TOKEN not in str(e.value)
     assert not (tmp_path / "new-work").exists()
+
+
+@pytest.mark.parametrize("route", ["create", "commit"])
+def test_a_hub_that_never_answers_a_push_is_one_error_at_its_deadline(run_copy, tmp_path,
+                                                                      monkeypatch, route):
+    """huggingface_hub waits on a silent hub forever (no timeout on create_repo or
+    create_commit): `aleph runs push` (the main thread) ends at the push's deadline."""
+    import time
+
+    from aleph.sync.hub import PullLimits
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    with FakeHub(tmp_path / "hub", token=TOKEN) as hub:
+        hub.hang.add(route)
+        dest = HubDestination("me/aleph-runs", endpoint=hub.endpoint)
+        dest.limits = PullLimits(answer_s=1.0, min_rate=1e9)
+        t0 = time.monotonic()
+        with pytest.raises(SyncError) as e:
+            push(run_copy, dest)
+        took = time.monotonic() - t0
+    what = "creating the repo" if route == "create" else "the commit of "
+    assert str(e.value).startswith(f"sync destination hf:me/aleph-runs: {what}"), e.value
+    assert "not done within its deadline (1 s + " in str(e.value)
+    assert took < 20, took  # 1 s asked; unbounded it waited forever
