@@ -73,8 +73,8 @@ class StopFlag:
     checks, store and model builds, resume load) raises StopRequested at once, so a long
     build does not outlive a grace period; 'flag' mode (the step loop, the lock, the
     records) only sets the flag: the loop saves and exits errors.EXIT_STOPPED. A repeated
-    signal is counted (`repeats`): it never cuts a save short (`since` tells a wait that
-    may end early, such as the final push, that one came)."""
+    signal is counted (`repeats`): it never cuts a save short, only a wait that `bound`
+    checks (the final push)."""
 
     def __init__(self, mode: str = "flag") -> None:
         self.event = threading.Event()
@@ -82,28 +82,42 @@ class StopFlag:
         self.mode = "flag"
         self.repeats = 0
         """Signals after the first (each ignored: one stop)."""
+        self.last = ""  # the newest signal's name
         self._old = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
         if _held:  # a stop that came during the imports is this launch's stop
-            self.signame, self.repeats = _held[0], len(_held) - 1
+            self.signame, self.repeats, self.last = _held[0], len(_held) - 1, _held[-1]
             self.event.set()
             _held.clear()
         self.set_mode(mode)
 
     def _handle(self, signum, frame) -> None:
+        self.last = signal.Signals(signum).name
         if self.event.is_set():  # already stopping: raising again would cut the save short
             self.repeats += 1
             return
-        self.signame = signal.Signals(signum).name
+        self.signame = self.last
         self.event.set()
         if self.mode == "interrupt":
             raise StopRequested(self.signame)
 
-    def since(self) -> Callable[[], str]:
-        """A check for the stop signals that come from now on: '' until one does, then
-        its name (the final push of a launch gives up at it)."""
-        seen = self.repeats + self.event.is_set()
-        return lambda: (f"cut short by a further {self.signame}" if self.repeats
-                        + self.event.is_set() > seen else "")
+    def bound(self, seconds: float) -> Callable[[], str]:
+        """A check for a wait a stop bounds (the final push): '' until `seconds` have passed
+        since the stop (one that came before this call: since the call) or a further stop
+        signal comes, then why the wait ends."""
+        before, seen = self.event.is_set(), self.repeats
+        since = [time.monotonic() if before else None]
+
+        def cut() -> str:
+            if not self.event.is_set():
+                return ""
+            if since[0] is None:  # the stop came during the wait
+                since[0] = time.monotonic()
+            if self.repeats > (seen if before else 0):
+                return f"cut short by a further {self.last}"
+            if time.monotonic() - since[0] >= seconds:
+                return f"still running {seconds:g} s after the {self.signame}"
+            return ""
+        return cut
 
     def set_mode(self, mode: str) -> None:
         """Switch mode; entering 'interrupt' with a signal already received raises now."""

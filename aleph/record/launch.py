@@ -45,7 +45,7 @@ def choose_action(step_from: int | None, step_to: int | None, status: str, note:
         return REFUSED if refused else NOTHING
     if step_to is not None and step_to > step_from:
         return RESUMED if step_from > 0 else TRAINED
-    if status == COMPLETE and note == NOTHING_TO_TRAIN:
+    if status == COMPLETE and note.split(";")[0] == NOTHING_TO_TRAIN:  # "; SIGTERM after ..."
         return NOOP
     return NOTHING
 

@@ -67,8 +67,8 @@ class Syncer:
     def finish(self, timeout: float = FINAL_WAIT_S,
                cut: Callable[[], str] = lambda: "") -> PushResult | None:
         """The final sync: wait for it (and any in flight) at most `timeout` seconds, or
-        until `cut()` names why not to (a further stop signal); returns the last success.
-        An abandoned push leaves the destination's previous snapshot whole."""
+        until `cut()` names why not to (a stop's bound); returns the last success. An
+        abandoned push leaves the destination's previous snapshot whole."""
         with self._cv:
             self._final = True
             self._cv.notify()

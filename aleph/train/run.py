@@ -169,17 +169,16 @@ def _launch(cfg: TrainConfig, world: World, run_dir: Path, launch_id: str, stop:
         raise
     finally:
         exit_status = EXIT_STOPPED if status == STOPPED else exit_status
+        if status == COMPLETE and stop.is_set():  # it came after the loop's last check
+            note = f"{note}; {stop.signame} after the last step"
         _end(manifest, monitor, tracer, launch_id, exit_status, status, note, refused)
         if error is None:
             log(f"launch ended: {status}{': ' + note if note else ''}")
             if world.is_main:
                 log(summary(run_dir, status, log.path, again, where))
         if syncer is not None:  # the final sync, after the end is recorded (so the copy says how it ended)
-            # a stop's wait is bounded well inside a Slurm lead; a further signal ends it
-            if status == STOPPED:
-                syncer.finish(cfg.sync_stop_wait_seconds, stop.since())
-            else:
-                syncer.finish(cut=stop.since())
+            # a stop (whenever it came) bounds the wait well inside a Slurm lead
+            syncer.finish(cut=stop.bound(cfg.sync_stop_wait_seconds))
         log.close()
     return EXIT_STOPPED if status == STOPPED else 0
 

@@ -132,32 +132,39 @@ def test_destination_lost_mid_run_training_finishes_and_a_later_push_catches_up(
     print(f"\n{push.stdout.strip()}\n{pulled.stdout.strip()}")
 
 
-def test_a_stop_waits_for_a_hung_push_at_most_sync_stop_wait_seconds(smoke_data_dir, tmp_path):
+@pytest.mark.parametrize("at", [7, 12], ids=["mid-run", "last-step"])
+def test_a_stop_waits_for_a_hung_push_at_most_sync_stop_wait_seconds(smoke_data_dir, tmp_path, at):
     """A Slurm lead (300 s) must cover the stop's final push: a push that hangs is cut
-    at sync_stop_wait_seconds (it was FINAL_WAIT_S, 900 s), and a relaunch pushes the rest."""
+    at sync_stop_wait_seconds (it was FINAL_WAIT_S, 900 s), also for a stop that comes
+    after the last step (the launch is complete, the stop recorded); a relaunch pushes."""
     bucket = tmp_path / "bucket"
     bucket.mkdir()
     work = new_work(tmp_path / "vm", smoke_data_dir)
     sets = (*SETS, f"sync_to={bucket}", "sync_every_minutes=0", "sync_stop_wait_seconds=2")
     cmd = train_cmd(ARM, SEED + 2, *sets)
-    proc = start_train(work, cmd, ALEPH_TRAIN_PAUSE_AFTER_STEP="7",
+    proc = start_train(work, cmd, ALEPH_TRAIN_PAUSE_AFTER_STEP=str(at),
                        ALEPH_SYNC_PAUSE_AFTER_FILES="1")  # the first push hangs after a file
     run_dir = work / "runs" / "smoke" / f"{ARM}-s{SEED + 2}"
-    wait_for_log(run_dir, "paused after step 7", proc)
+    wait_for_log(run_dir, f"paused after step {at}", proc)
     wait_for("the hung push's first object", lambda: list(bucket.glob("runs/**/objects/*/*")))
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     waited = time.monotonic() - t0
-    assert proc.returncode == 76, out
-    assert (f"sync: final push to {bucket} still running after 2 s; abandoned (the destination "
-            "keeps what an earlier push left there, if any); push later with `aleph runs push "
-            f"{run_dir}`") in out
+    assert proc.returncode == (76 if at < 12 else 0), out
+    assert (f"sync: final push to {bucket} still running 2 s after the SIGTERM; abandoned (the "
+            "destination keeps what an earlier push left there, if any); push later with `aleph "
+            f"runs push {run_dir}`") in out
     assert waited < 60, waited  # 2 s asked; unbounded by the stop it was 900 s
     assert DirDestination(bucket).runs() == []  # the cut push published nothing
+    if at == 12:
+        assert "launch ended: complete: 12 steps; SIGTERM after the last step" in out
+        launch = json.loads((run_dir / "manifest.json").read_text())["launches"][-1]
+        assert (launch["status"], launch["note"]) == ("complete", "12 steps; SIGTERM after the last step")
 
-    again = run_train(work, cmd)  # the relaunch finishes and its final push sends it all
+    again = run_train(work, cmd)  # the relaunch (resumes or has nothing to train) pushes it all
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"sync: final: synced {run_path(run_dir)} step 12 -> {bucket} revision r" in again.stdout
     assert DirDestination(bucket).latest(run_path(run_dir)).step == 12
-    print(f"\nstop with a hung push: exit 76 after {waited:.1f} s (sync_stop_wait_seconds=2)")
+    print(f"\nstop after step {at} with a hung push: exit {proc.returncode} after {waited:.1f} s "
+          "(sync_stop_wait_seconds=2)")
