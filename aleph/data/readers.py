@@ -4,7 +4,8 @@ Every caption input is checked by stat, then opened by `aleph._io.open_regular` 
 fstat), so a FIFO or a device is refused in one line instead of blocking the reader. A
 damaged gzip stream is a DataError naming the file; lines are bounded (`MAX_LINE_BYTES`), so
 a file without newlines (or a one-line gzip bomb) cannot take the memory; parquet values
-too, decoded a few rows at a time (`Parquet.batches`), so a dictionary bomb cannot either.
+too, their pages' headers read first and decoded a few rows at a time (`Parquet.batches`), so
+a dictionary or compressed-page bomb cannot either.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from aleph.errors import DataError
 SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")  # what a shard directory may hold
 GZ_INNER = (".txt", ".jsonl")  # what a .gz file may hold
 MAX_LINE_BYTES = 16 << 20  # one caption line, JSONL record or parquet value, at most
-READ_ROWS = 32  # parquet rows decoded at a time: READ_ROWS * MAX_LINE_BYTES before a check
 BATCH_BYTES = 32 << 20  # decoded bytes of a parquet batch handed on (at least one read)
+PAGE_MAX = 8 * MAX_LINE_BYTES  # one parquet page decoded, at most (pyarrow's default: 1 MiB)
 _GZ_ERRORS = (OSError, EOFError, zlib.error)  # BadGzipFile is an OSError; truncation EOFError
 
 
@@ -128,27 +129,63 @@ class Parquet:
 
     def batches(self, columns: list[str], rows: int, row_group: int | None = None) -> Iterator:
         """pyarrow RecordBatches of `columns`, at most `rows` rows and about BATCH_BYTES
-        each, in row order, read on this thread; only `row_group` when given. Values are
-        decoded READ_ROWS at a time (a dictionary column: its values measured first) and one
-        over MAX_LINE_BYTES is refused naming its row, so a small file of dictionary or
-        compressed pages cannot take the memory. The rows read must be the footer's count."""
+        each, in row order, read on this thread; only `row_group` when given. Each row
+        group's page headers are read first (`_safe_rows`): a page over PAGE_MAX is refused
+        before pyarrow allocates it, and rows are decoded as few at a time as keeps a read
+        within BATCH_BYTES (one dictionary value named by many rows, a page of compressed
+        zeros). A value over MAX_LINE_BYTES is refused naming its row; the rows read must be
+        the footer's count."""
         meta = self.file.metadata
         groups = range(meta.num_row_groups) if row_group is None else range(row_group, row_group + 1)
         got = sum(meta.row_group(g).num_rows for g in range(groups.start))  # the rows before
         counted = got + sum(meta.row_group(g).num_rows for g in groups)
-        held, n, size, step = [], 0, 0, min(rows, READ_ROWS)
-        for rb in self._read(columns, step, list(groups)):
-            held.append(self._decoded(rb, got))
-            got, n, size = got + rb.num_rows, n + rb.num_rows, size + held[-1].nbytes
-            if n + step > rows or size >= BATCH_BYTES:  # checked once per batch: cheap
-                yield self._checked(_one_batch(held), got - n)
-                held, n, size = [], 0, 0
+        held, n, size = [], 0, 0
+        for g in groups:
+            step = self._safe_rows(columns, g, rows)
+            for rb in self._read(columns, step, [g]):
+                held.append(self._decoded(rb, got))
+                got, n, size = got + rb.num_rows, n + rb.num_rows, size + held[-1].nbytes
+                if n + step > rows or size >= BATCH_BYTES:  # checked once per batch: cheap
+                    yield self._checked(_one_batch(held), got - n)
+                    held, n, size = [], 0, 0
         if held:
             yield self._checked(_one_batch(held), got - n)
         if got != counted:
             raise DataError(f"{self._where(columns)}: {got:,} rows read but {counted:,} counted "
                             "before reading (a footer that overstates its rows, or changed "
                             "while being read?)")
+
+    def _safe_rows(self, columns: list[str], g: int, rows: int) -> int:
+        """Rows of row group `g` pyarrow may decode at once: k rows decode at most k + 1
+        pages, so BATCH_BYTES / the largest page (`largest_page`; over PAGE_MAX:
+        refused before pyarrow allocates it), at most `rows`, at least one."""
+        from aleph.data.pages import BadPage, largest_page
+
+        rg, largest = self.file.metadata.row_group(g), 1
+        fd = _io.open_regular(self.path)
+        try:
+            for i in range(rg.num_columns):
+                c = rg.column(i)
+                name = c.path_in_schema.split(".")[0]
+                if name not in columns:
+                    continue
+                start = c.data_page_offset  # where parquet-cpp starts the chunk
+                if c.has_dictionary_page and 0 < (c.dictionary_page_offset or 0) < start:
+                    start = c.dictionary_page_offset
+                size = largest_page(fd, start, c.total_compressed_size)
+                if size > PAGE_MAX:
+                    raise DataError(f"{self.path} column {name!r}: row group {g} has a page of "
+                                    f"{size:,} bytes decoded; expected at most {PAGE_MAX:,} (a "
+                                    f"caption is at most {MAX_LINE_BYTES:,})")
+                largest = max(largest, size)
+        except BadPage as e:
+            raise DataError(f"{self.path}: {self._cols(columns)} not readable (row group {g}: "
+                            f"{e})") from None
+        except OSError as e:
+            raise _refused(self.path, "captions file", e, "read") from None
+        finally:
+            os.close(fd)
+        return max(1, min(rows, BATCH_BYTES // largest))
 
     def _decoded(self, rb, start: int):
         """`rb` with its dictionary columns decoded, each value measured on the dictionary
@@ -191,8 +228,12 @@ class Parquet:
             yield from self.file.iter_batches(batch_size=rows, row_groups=groups,
                                               columns=columns, use_threads=False)
         except Exception as e:  # a damaged data page after a readable footer
-            cols = f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {columns} are"
-            raise DataError(f"{self.path}: {cols} not readable ({_arrow_why(e)})") from None
+            raise DataError(f"{self.path}: {self._cols(columns)} not readable "
+                            f"({_arrow_why(e)})") from None
+
+    @staticmethod
+    def _cols(columns: Sequence[str]) -> str:
+        return f"column {columns[0]!r} is" if len(columns) == 1 else f"columns {list(columns)} are"
 
     def _where(self, columns: Sequence[str]) -> str:
         return (f"{self.path} column {columns[0]!r}" if len(columns) == 1 else

@@ -193,3 +193,82 @@ def test_a_parquet_dictionary_bomb_is_read_in_bounded_memory(tmp_path, value_byt
     grew = int(out[2].split()[1]) - int(out[0].split()[1])  # MiB above the imports
     assert grew < mib, out  # MiB; decoded: 4,096 / 1,024 MiB (measured: ~880 / ~170)
     print(out)
+
+
+@pytest.mark.parametrize("kind", ["dictionary-no-schema", "plain-page"])
+def test_a_parquet_page_bomb_is_refused_before_it_is_decoded_many_times(tmp_path, kind):
+    """Two bombs the dictionary check alone missed (review 3, F3): a 2 KB parquet whose
+    dictionary page holds one 64 MiB value named by 32 rows, written without the Arrow
+    schema (read as plain strings, pyarrow decoded 32 copies: 3.5 GB), and a small file of
+    one 160 MiB zstd page (pyarrow allocated it, about 3 times). The page headers are read
+    first: the first is decoded one row at a time, the second refused before any page."""
+    import resource
+
+    path = tmp_path / "bomb.parquet"
+    write = ("col = pa.DictionaryArray.from_arrays(pa.array([0] * 32, pa.int32()), "
+             "pa.array(['a' * (64 << 20)])); pq.write_table(pa.table({'caption': col}), p, "
+             "compression='zstd', store_schema=False)" if kind == "dictionary-no-schema" else
+             "pq.write_table(pa.table({'caption': pa.array(['a' * (160 << 20)])}), p, "
+             "compression='zstd', use_dictionary=False)")
+    # written by a child: a fork of a parent that held the value inherits its peak RSS
+    subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, pyarrow.parquet as pq; "
+                    f"p = sys.argv[1]; {write}", str(path)], check=True, timeout=120)
+    assert path.stat().st_size < 64 << 10
+    limit = 2 << 30
+    r = subprocess.run([sys.executable, "-c", _BOMB_CHILD, str(path)], capture_output=True,
+                       text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit)))
+    out = r.stdout.splitlines()
+    assert r.returncode == 0 and len(out) == 3, (r.returncode, r.stdout, r.stderr[-2000:])
+    if kind == "dictionary-no-schema":
+        assert out[1] == (f"{path} column 'caption': row 0 is longer than 16,777,216 bytes; "
+                          "expected one caption per value")
+    else:
+        assert out[1].startswith(f"{path} column 'caption': row group 0 has a page of 167,772,"), out
+        assert out[1].endswith(" bytes decoded; expected at most 134,217,728 (a caption is at "
+                               "most 16,777,216)"), out
+    grew = int(out[2].split()[1]) - int(out[0].split()[1])  # MiB above the imports
+    assert grew < 400, out
+    print(kind, out)
+
+
+@pytest.mark.parametrize("header,why", [
+    (b"\x15\x00\x15\x80\x80\x04\x15\x20" + b"\x1c" * 100, "nested deeper than a page header is"),
+    (b"\x15\x00\x15\x80", "cut short"),
+    (b"\x15\x00\x15\x80\x80\x04\x1d", "Thrift type 13"),
+    (b"\x15\x00\x00", "has no valid sizes"),
+])
+def test_a_hostile_page_header_is_one_line(tmp_path, header, why):
+    """The page headers are parsed here (Thrift compact), before pyarrow: a header that is
+    deep, cut short, of an unknown type or without sizes is one BadPage, nothing decoded
+    (readers.Parquet makes it the DataError `column 'caption' is not readable`)."""
+    from aleph.data import pages
+
+    path = tmp_path / "pages.bin"
+    path.write_bytes(header)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(pages.BadPage) as e:
+            pages.largest_page(fd, 0, len(header))
+    finally:
+        os.close(fd)
+    assert str(e.value).startswith("the page header at byte 0 ")
+    assert why in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dictionary,fewest", [(True, 16), (False, 256)])
+def test_page_headers_are_read_as_pyarrow_writes_them(tmp_path, dictionary, fewest):
+    """An ordinary file reads whole and fast: its ~1 MiB dictionary page lets 30-odd rows
+    be decoded at once (as before the page check), its ~100 KB plain pages hundreds."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "c.parquet"
+    caps = [f"a photo {i} of a cat on a sofa number {i * 7}" for i in range(60_000)]
+    pq.write_table(pa.table({"caption": caps}), path, row_group_size=20_000,
+                   data_page_size=64 << 10, use_dictionary=dictionary)
+    src = readers.Parquet(path, ["caption"])
+    steps = [src._safe_rows(["caption"], g, 8192) for g in range(3)]
+    assert all(fewest <= n <= 8192 for n in steps), steps
+    got = [c for b in src.batches(["caption"], 8192) for c in b.column(0).to_pylist()]
+    assert got == caps
