@@ -141,7 +141,7 @@ class Parquet:
         counted = got + sum(meta.row_group(g).num_rows for g in groups)
         held, n, size = [], 0, 0
         for g in groups:
-            step = self._safe_rows(columns, g, rows)
+            step = self._safe_rows(columns, g, rows, got)
             for rb in self._read(columns, step, [g]):
                 held.append(self._decoded(rb, got))
                 got, n, size = got + rb.num_rows, n + rb.num_rows, size + held[-1].nbytes
@@ -155,13 +155,23 @@ class Parquet:
                             "before reading (a footer that overstates its rows, or changed "
                             "while being read?)")
 
-    def _safe_rows(self, columns: list[str], g: int, rows: int) -> int:
-        """Rows of row group `g` pyarrow may decode at once: k rows decode at most k + 1
-        pages, so BATCH_BYTES / the largest page (`largest_page`; over PAGE_MAX:
-        refused before pyarrow allocates it), at most `rows`, at least one."""
+    def _safe_rows(self, columns: list[str], g: int, rows: int, start: int) -> int:
+        """Rows of row group `g` (its first: row `start`) pyarrow may decode at once: a row
+        of a flat column is in one page, so k rows decode at most k + 1 pages of each:
+        BATCH_BYTES / the sum over the columns of their largest page (`largest_page`; over
+        PAGE_MAX: refused before pyarrow allocates it), at most `rows`, at least one. A
+        nested column (one row: any number of values) is refused before it is read."""
+        import pyarrow as pa
+
         from aleph.data.pages import BadPage, largest_page
 
-        rg, largest = self.file.metadata.row_group(g), 1
+        for name in columns:
+            t = self.file.schema_arrow.field(name).type
+            if pa.types.is_nested(t):
+                py = "dict" if pa.types.is_struct(t) else "list"
+                raise DataError(f"{self.path} column {name!r}: row {start} is {py} ({t}), "
+                                "expected a string")
+        rg, total = self.file.metadata.row_group(g), 1
         fd = _io.open_regular(self.path)
         try:
             for i in range(rg.num_columns):
@@ -177,7 +187,7 @@ class Parquet:
                     raise DataError(f"{self.path} column {name!r}: row group {g} has a page of "
                                     f"{size:,} bytes decoded; expected at most {PAGE_MAX:,} (a "
                                     f"caption is at most {MAX_LINE_BYTES:,})")
-                largest = max(largest, size)
+                total += size
         except BadPage as e:
             raise DataError(f"{self.path}: {self._cols(columns)} not readable (row group {g}: "
                             f"{e})") from None
@@ -185,7 +195,7 @@ class Parquet:
             raise _refused(self.path, "captions file", e, "read") from None
         finally:
             os.close(fd)
-        return max(1, min(rows, BATCH_BYTES // largest))
+        return max(1, min(rows, BATCH_BYTES // total))
 
     def _decoded(self, rb, start: int):
         """`rb` with its dictionary columns decoded, each value measured on the dictionary

@@ -268,7 +268,61 @@ def test_page_headers_are_read_as_pyarrow_writes_them(tmp_path, dictionary, fewe
     pq.write_table(pa.table({"caption": caps}), path, row_group_size=20_000,
                    data_page_size=64 << 10, use_dictionary=dictionary)
     src = readers.Parquet(path, ["caption"])
-    steps = [src._safe_rows(["caption"], g, 8192) for g in range(3)]
+    steps = [src._safe_rows(["caption"], g, 8192, 0) for g in range(3)]
     assert all(fewest <= n <= 8192 for n in steps), steps
     got = [c for b in src.batches(["caption"], 8192) for c in b.column(0).to_pylist()]
     assert got == caps
+
+
+_WIDE_CHILD = """
+import resource, sys
+from aleph.data import readers
+from aleph.errors import DataError
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+src = readers.Parquet(sys.argv[1])
+try:
+    sizes = [b.nbytes >> 20 for b in src.batches(src.names, 8192)]
+    print("batches MiB", sizes)
+except DataError as e:
+    print(e)
+print("grew_mib", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10) - base)
+"""
+
+
+@pytest.mark.parametrize("kind", ["six-columns", "list-column"])
+def test_a_read_is_bounded_across_columns_and_a_nested_column_is_refused(tmp_path, kind):
+    """Review 3: six dictionary columns of one 15 MiB value in 32 rows (8 KB on disk) were
+    read 32 rows at a time across all columns, a 2,880 MiB batch (4.3 GB); a list<string>
+    column of 32 x 32 copies of a 1 MiB value (367 B) was decoded whole (2.9 GB) before its
+    type was refused. Now the rows of a read share BATCH_BYTES across the columns, and a
+    nested column is refused before a page of it is read."""
+    import resource
+
+    path = tmp_path / "bomb.parquet"
+    write = ("d = pa.array(['a' * (15 << 20), 'b' * (17 << 20)]); "
+             "col = pa.DictionaryArray.from_arrays(pa.array([0] * 32 + [1], pa.int32()), d); "
+             "pq.write_table(pa.table({f'c{i}': col for i in range(6)}), p, compression='zstd')"
+             if kind == "six-columns" else
+             "leaves = pa.DictionaryArray.from_arrays(pa.array([0] * 1024, pa.int32()), "
+             "pa.array(['a' * (1 << 20)])); col = pa.ListArray.from_arrays(pa.array("
+             "[i * 32 for i in range(33)], pa.int32()), leaves); pq.write_table(pa.table("
+             "{'caption': col}), p, compression='zstd', store_schema=False)")
+    subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, pyarrow.parquet as pq; "
+                    f"p = sys.argv[1]; {write}", str(path)], check=True, timeout=120)
+    assert path.stat().st_size < 16 << 10
+    limit = 3 << 30
+    r = subprocess.run([sys.executable, "-c", _WIDE_CHILD, str(path)], capture_output=True,
+                       text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit)))
+    out = r.stdout.splitlines()
+    assert r.returncode == 0 and len(out) == 2, (r.returncode, r.stdout, r.stderr[-2000:])
+    if kind == "six-columns":
+        assert out[0] == (f"{path} column 'c0': row 32 is longer than 16,777,216 bytes; "
+                          "expected one caption per value"), out
+    else:
+        assert out[0] == (f"{path} column 'caption': row 0 is list (list<element: string>), "
+                          "expected a string"), out
+    # MiB above the imports (measured 1,470 and ~0: what is left is pyarrow's own buffers of
+    # six 32 MiB dictionary pages, a few copies each; the old reader took 4.3 GB)
+    assert int(out[1].split()[1]) < 2048, out
+    print(kind, out)
