@@ -100,7 +100,7 @@ class HubDestination(Destination):
         with self._get(f"{url}?blobs=true", "reading the repo", self.limits.listing_max,
                        "a repo listing may have", "a repo listing") as (r, chunks):
             try:
-                _raise_for_status(r)
+                _raise_for_status(r, chunks)
             except RepositoryNotFoundError:
                 return None
             info = parse_json_bytes(b"".join(chunks))
@@ -168,11 +168,21 @@ class HubDestination(Destination):
         late = SyncError(f"sync destination {self.spec}: {what}: not done within its deadline "
                          f"({lim.answer_s:g} s + {most:,} B at {lim.min_rate:,.0f} B/s); "
                          "nothing pulled")
+        where = f"sync destination {self.spec}: {what}"
         with self._calling(what, expected), alarm_at(deadline, late), get_session().stream(
                 "GET", url, headers=headers, follow_redirects=True,
                 timeout=httpx.Timeout(lim.window_s)) as r:
-            yield r, _chunks(r, most, f"the {most:,} B {bound}", deadline, lim, late,
-                             f"sync destination {self.spec}: {what}")
+            if r.status_code < 400:
+                yield r, _chunks(r, most, f"the {most:,} B {bound}", deadline, lim, late, where)
+                return
+            body = bytearray()  # an error's message: ERROR_BODY_MAX bytes, at the same rate
+            for chunk in _chunks(r, 1 << 62, "", min(deadline, time.monotonic() + lim.answer_s
+                                                     + ERROR_BODY_MAX / lim.min_rate),
+                                 lim, late, where):
+                body += chunk
+                if len(body) >= ERROR_BODY_MAX:
+                    break
+            yield r, iter([bytes(body[:ERROR_BODY_MAX])])
 
     def _download(self, name: str, revision: str, out: Path, size: int) -> None:
         """At most `size` bytes of `name` at `revision` into `out`, by one GET: its ETag and
@@ -184,7 +194,7 @@ class HubDestination(Destination):
         url = hf_hub_url(self.repo_id, name, revision=revision, endpoint=self.endpoint)
         what = f"downloading {name} at {revision[:12]}"
         with self._get(url, what, size, "listed", "a file") as (r, chunks):
-            _raise_for_status(r)
+            _raise_for_status(r, chunks)
             hub = (r.history or [r])[0].headers  # the hub's own answer, before any redirect
             if (commit := hub.get("x-repo-commit")) is not None:
                 check_commit(commit, f"hub answer for {short_repr(url, 200)}")
@@ -244,23 +254,20 @@ class HubDestination(Destination):
         self._download(name, snap.revision, out, size)
 
 
-def _raise_for_status(r) -> None:
+def _raise_for_status(r, chunks) -> None:
     """huggingface_hub's error for an error answer (RepositoryNotFoundError, 401, ...), made
-    from at most ERROR_BODY_MAX bytes of its body: the library's check would read it whole."""
+    from its body as `_get` read it (at most ERROR_BODY_MAX bytes, at the minimum rate): the
+    library's check would read it whole, at any rate."""
     import httpx
     from huggingface_hub.utils import hf_raise_for_status
 
     if r.status_code < 400:
         return
-    body = bytearray()
-    for chunk in r.iter_raw():
-        body += chunk
-        if len(body) >= ERROR_BODY_MAX:
-            break
+    body = b"".join(chunks)
     keep = [(k, v) for k, v in r.headers.multi_items() if k.lower() not in (
         "content-encoding", "content-length", "transfer-encoding")]
     hf_raise_for_status(httpx.Response(r.status_code, headers=keep,
-                                       content=bytes(body[:ERROR_BODY_MAX]), request=r.request))
+                                       content=body, request=r.request))
 
 
 def _chunks(r, most: int, bound: str, deadline: float, lim: PullLimits, late: Exception,

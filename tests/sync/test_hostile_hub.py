@@ -228,3 +228,21 @@ def test_an_error_answer_s_body_is_read_bounded(hub, tmp_path, where):
     time.sleep(0.5)
     assert sent and sent[0] < 32 << 20  # the pull hung up: the server could not send it all
     assert "failed: HfHubHTTPError: Server error '500" in msg and len(msg) < 1000, msg
+
+
+@pytest.mark.parametrize("where", ["listing", "file"])
+def test_an_error_answer_s_body_is_read_at_the_minimum_rate(hub, tmp_path, where):
+    """A 500 whose body trickles (review 3 F4): the error body was read without the rate
+    check, so only the listing's deadline (60 s + 64 MiB at the rate: 35 min) ended it."""
+    def trickle(handler):
+        try:
+            _answer(handler, ((b"x", 0.1) for _ in range(300)), status=500)
+        finally:
+            handler.close_connection = True
+    if where == "listing":
+        hub.listing = trickle
+    else:
+        hub.bodies[f"{RUN}/weights/final/model.safetensors"] = trickle
+    msg = _pull(hub, tmp_path / "into", PullLimits(min_rate=1000.0, window_s=1.0,
+                                                   answer_s=1.0, listing_max=1 << 30))
+    assert "below the minimum 1,000 B/s; nothing pulled" in msg, msg
