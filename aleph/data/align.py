@@ -157,21 +157,34 @@ def take_targets(paths: Sequence[str], idx: np.ndarray) -> torch.Tensor:
     return torch.cat(parts)
 
 
+OUTLIER = 1e6  # a target row's norm over the sample's median: another scale, refused
+
+
 def check_finite(paths: Sequence[str], idx: np.ndarray, rows: torch.Tensor) -> None:
     """DataError naming the chunk file and row of the first of `rows` (the target rows at
-    sorted indices `idx` of `paths`) that holds a NaN or Inf (no pairing can be scored)."""
+    sorted indices `idx` of `paths`) that holds a NaN or Inf, is all zeros, or whose norm is
+    over OUTLIER times the sample's median: no pairing can be scored around it (one 3e38 row
+    made every score tie, a confident MISALIGNED for aligned targets)."""
     from aleph.targets.sources import describe_sources
 
-    bad = (~torch.isfinite(rows.float())).any(1).nonzero()
-    if bad.numel() == 0:
-        return
-    row, start = int(idx[int(bad[0])]), 0
-    for info in describe_sources(paths):
-        if row < start + info.rows:
-            raise DataError(f"{info.path}: target row {row - start:,} (row {row:,} of the "
-                            "targets) holds NaN or Inf values; expected finite vectors: "
-                            "rebuild the targets or drop the row and its caption")
-        start += info.rows
+    r = rows.double()  # (n, d)
+    norms = r.norm(dim=1)  # (n,)
+    finite = torch.isfinite(r).all(1)
+    median = float(norms[finite].median()) if bool(finite.any()) else 0.0
+    checks = ((~finite, "holds NaN or Inf values; expected finite vectors"),
+              (norms == 0, "is all zeros; expected an embedding"),
+              (norms > OUTLIER * median, f"has norm {{norm:.3g}}, over {OUTLIER:,.0f} times the "
+               f"sampled rows' median {median:.3g}; expected vectors of one scale"))
+    for bad, what in checks:
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            row, start = int(idx[i]), 0
+            for info in describe_sources(paths):
+                if row < start + info.rows:
+                    raise DataError(f"{info.path}: target row {row - start:,} (row {row:,} of the "
+                                    f"targets) {what.format(norm=float(norms[i]))}: rebuild the "
+                                    "targets or drop the row and its caption")
+                start += info.rows
 
 
 def target_files(path: str) -> list[str]:

@@ -126,18 +126,24 @@ def test_e1_preflight_refuses_a_misaligned_pairing_unless_allowed(smoke, pairing
     assert not (tmp_path / "work" / "runs").exists()
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_a_non_finite_target_row_is_one_line_naming_the_row(smoke, pairings, tmp_path, bad):
+@pytest.mark.parametrize("bad,what", [("nan", "holds NaN or Inf"), ("inf", "holds NaN or Inf"),
+                                      ("zero", "is all zeros; expected an embedding"),
+                                      ("huge", "has norm 1e+30, over 1,000,000 times the sampled rows' median 1; expected vectors of one scale")])
+def test_a_non_finite_target_row_is_one_line_naming_the_row(smoke, pairings, tmp_path, bad,
+                                                            what):
     """Exit 2 (bad input) naming the chunk file and row, not exit 1 (misaligned) with a
-    traceback; the e1 preflight calls the same check."""
+    traceback; the e1 preflight calls the same check. One finite row 1e30 times the others
+    (review 3 F6) made every score tie: a confident MISALIGNED for aligned targets."""
     chunks = sorted(smoke.target_chunks)
     targets = tmp_path / "targets"
     targets.mkdir()
-    for c in chunks:
-        (targets / c.name).write_bytes(c.read_bytes())
+    for c in chunks:  # float32 (a 1e30 row is finite there), the same values
+        torch.save(torch.load(c, weights_only=True).float(), targets / c.name)
     first = targets / chunks[0].name
     x = torch.load(first, weights_only=True)
-    x[5] = bad  # row 5: inside the first sampled block (rows 2 .. 2 + 128, shifts around it)
+    # row 5: inside the first sampled block (rows 2 .. 2 + 128, shifts around it)
+    x[5] = {"nan": float("nan"), "inf": float("inf"), "zero": 0.0}.get(bad, 0) if bad != "huge" \
+        else x[5] * 1e30
     torch.save(x, first)
     r = subprocess.run(
         [sys.executable, "-m", "aleph", "data", "check-align", "--captions",
@@ -145,7 +151,7 @@ def test_a_non_finite_target_row_is_one_line_naming_the_row(smoke, pairings, tmp
          str(smoke.tokenizer_dir), "--sample", str(SAMPLE)],
         capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, (r.returncode, r.stderr)
-    assert f"{first}: target row 5 (row 5 of the targets) holds NaN or Inf" in r.stderr
+    assert f"{first}: target row 5 (row 5 of the targets) {what}" in r.stderr, r.stderr
     print(r.stderr.strip())
 
 
