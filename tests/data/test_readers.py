@@ -195,6 +195,23 @@ def test_a_parquet_dictionary_bomb_is_read_in_bounded_memory(tmp_path, value_byt
     print(out)
 
 
+def _bomb(tmp_path: Path, write: str, child: str, limit: int, size_max: int) -> tuple[Path, list]:
+    """The parquet `write` makes (pyarrow code on `p`, run by a child: a fork of a parent that
+    held its values inherits that peak RSS), its size checked, then the lines `child` prints
+    reading it under RLIMIT_DATA `limit`."""
+    import resource
+
+    path = tmp_path / "bomb.parquet"
+    subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, pyarrow.parquet as pq; "
+                    f"p = sys.argv[1]; {write}", str(path)], check=True, timeout=120)
+    assert path.stat().st_size < size_max
+    r = subprocess.run([sys.executable, "-c", child, str(path)], capture_output=True,
+                       text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit)))
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    return path, r.stdout.splitlines()
+
+
 @pytest.mark.parametrize("kind", ["dictionary-no-schema", "plain-page"])
 def test_a_parquet_page_bomb_is_refused_before_it_is_decoded_many_times(tmp_path, kind):
     """Two bombs the dictionary check alone missed (review 3, F3): a 2 KB parquet whose
@@ -202,24 +219,13 @@ def test_a_parquet_page_bomb_is_refused_before_it_is_decoded_many_times(tmp_path
     schema (read as plain strings, pyarrow decoded 32 copies: 3.5 GB), and a small file of
     one 160 MiB zstd page (pyarrow allocated it, about 3 times). The page headers are read
     first: the first is decoded one row at a time, the second refused before any page."""
-    import resource
-
-    path = tmp_path / "bomb.parquet"
     write = ("col = pa.DictionaryArray.from_arrays(pa.array([0] * 32, pa.int32()), "
              "pa.array(['a' * (64 << 20)])); pq.write_table(pa.table({'caption': col}), p, "
              "compression='zstd', store_schema=False)" if kind == "dictionary-no-schema" else
              "pq.write_table(pa.table({'caption': pa.array(['a' * (160 << 20)])}), p, "
              "compression='zstd', use_dictionary=False)")
-    # written by a child: a fork of a parent that held the value inherits its peak RSS
-    subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, pyarrow.parquet as pq; "
-                    f"p = sys.argv[1]; {write}", str(path)], check=True, timeout=120)
-    assert path.stat().st_size < 64 << 10
-    limit = 2 << 30
-    r = subprocess.run([sys.executable, "-c", _BOMB_CHILD, str(path)], capture_output=True,
-                       text=True, timeout=120,
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit)))
-    out = r.stdout.splitlines()
-    assert r.returncode == 0 and len(out) == 3, (r.returncode, r.stdout, r.stderr[-2000:])
+    path, out = _bomb(tmp_path, write, _BOMB_CHILD, 2 << 30, 64 << 10)
+    assert len(out) == 3, out
     if kind == "dictionary-no-schema":
         assert out[1] == (f"{path} column 'caption': row 0 is longer than 16,777,216 bytes; "
                           "expected one caption per value")
@@ -296,9 +302,6 @@ def test_a_read_is_bounded_across_columns_and_a_nested_column_is_refused(tmp_pat
     column of 32 x 32 copies of a 1 MiB value (367 B) was decoded whole (2.9 GB) before its
     type was refused. Now the rows of a read share BATCH_BYTES across the columns, and a
     nested column is refused before a page of it is read."""
-    import resource
-
-    path = tmp_path / "bomb.parquet"
     write = ("d = pa.array(['a' * (15 << 20), 'b' * (17 << 20)]); "
              "col = pa.DictionaryArray.from_arrays(pa.array([0] * 32 + [1], pa.int32()), d); "
              "pq.write_table(pa.table({f'c{i}': col for i in range(6)}), p, compression='zstd')"
@@ -307,15 +310,8 @@ def test_a_read_is_bounded_across_columns_and_a_nested_column_is_refused(tmp_pat
              "pa.array(['a' * (1 << 20)])); col = pa.ListArray.from_arrays(pa.array("
              "[i * 32 for i in range(33)], pa.int32()), leaves); pq.write_table(pa.table("
              "{'caption': col}), p, compression='zstd', store_schema=False)")
-    subprocess.run([sys.executable, "-c", "import sys, pyarrow as pa, pyarrow.parquet as pq; "
-                    f"p = sys.argv[1]; {write}", str(path)], check=True, timeout=120)
-    assert path.stat().st_size < 16 << 10
-    limit = 3 << 30
-    r = subprocess.run([sys.executable, "-c", _WIDE_CHILD, str(path)], capture_output=True,
-                       text=True, timeout=120,
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit)))
-    out = r.stdout.splitlines()
-    assert r.returncode == 0 and len(out) == 2, (r.returncode, r.stdout, r.stderr[-2000:])
+    path, out = _bomb(tmp_path, write, _WIDE_CHILD, 3 << 30, 16 << 10)
+    assert len(out) == 2, out
     if kind == "six-columns":
         assert out[0] == (f"{path} column 'c0': row 32 is longer than 16,777,216 bytes; "
                           "expected one caption per value"), out

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,30 @@ def completed_run(tmp_path_factory, smoke_data_dir: Path, arm: str, seed: int,
     proc = run_train(work, train_cmd(arm, seed, *sets))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return work / "runs" / "smoke" / f"{arm}-s{seed}"
+
+
+@contextlib.contextmanager
+def in_background(cmd: list[str], cwd: Path, env: dict, console: Path,
+                  timeout: float = 300) -> Iterator[Callable[[], None]]:
+    """Start `cmd` now (its output to the file `console`: no pipe to drain), to run beside
+    what the caller does next; the value waits for it once, its exit 0 asserted."""
+    with open(console, "w+") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                text=True)
+        waited: list[bool] = []
+
+        def wait() -> None:
+            if not waited:
+                rc = proc.wait(timeout)
+                out.seek(0)
+                assert rc == 0, out.read()[-6000:]
+                waited.append(True)
+
+        try:
+            yield wait
+        finally:
+            proc.kill()  # a no-op once it has ended
+            proc.wait()
 
 
 def start_train(work: Path, cmd: list[str], **env) -> subprocess.Popen:

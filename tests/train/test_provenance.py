@@ -20,7 +20,7 @@ import pytest
 from aleph.errors import EXIT_STOPPED
 from aleph.report.diff import diff_runs
 from aleph.report.diff_text import format_diff
-from tests.train.conftest import REPO, TINY, child_env, final_weights, smoke_dir
+from tests.train.conftest import REPO, TINY, child_env, final_weights, in_background, smoke_dir
 
 pytestmark = pytest.mark.slow
 
@@ -82,24 +82,9 @@ def run_a(tmp_path_factory, smoke_data_dir):
     src = copy_package(tmp_path_factory.mktemp("clean"))
     root = tmp_path_factory.mktemp("run-a") / "work"
     shutil.copytree(smoke_data_dir, smoke_dir(root))
-    done: list[Path] = []
-    with open(root.parent / "console.txt", "w+") as console:  # a file: no pipe to drain
-        proc = subprocess.Popen(cmd("a1_anchored", 1), cwd=src, env=env_for(src, root),
-                                stdout=console, stderr=subprocess.STDOUT, text=True)
-
-        def result() -> Path:
-            if not done:
-                rc = proc.wait(300)
-                console.seek(0)
-                assert rc == 0, console.read()[-6000:]
-                done.append(root / "runs" / "smoke" / "a1_anchored-s1")
-            return done[0]
-
-        try:
-            yield result
-        finally:
-            proc.kill()  # a no-op once it has ended
-            proc.wait()
+    with in_background(cmd("a1_anchored", 1), src, env_for(src, root),
+                       root.parent / "console.txt") as wait:
+        yield lambda: (wait(), root / "runs" / "smoke" / "a1_anchored-s1")[1]
 
 
 def test_a_noop_relaunch_on_reverted_code_does_not_make_an_edited_run_equivalent(

@@ -17,6 +17,7 @@ from tests.train.conftest import (
     REPO,
     child_env,
     final_weights,
+    in_background,
     run_train,
     smoke_dir,
     start_train,
@@ -38,25 +39,17 @@ def reference(tmp_path_factory, smoke_data_dir):
     work = tmp_path_factory.mktemp("a1_anchored-s3") / "work"
     shutil.copytree(smoke_data_dir, smoke_dir(work))
     got: list[tuple[dict, dict]] = []
-    with open(work.parent / "console.txt", "w+") as console:  # a file: no pipe to drain
-        proc = subprocess.Popen(train_cmd("a1_anchored", 3, *SETS), cwd=REPO,
-                                env=child_env(work), stdout=console, stderr=subprocess.STDOUT,
-                                text=True)
+    with in_background(train_cmd("a1_anchored", 3, *SETS), REPO, child_env(work),
+                       work.parent / "console.txt", timeout=240) as wait:
 
         def result() -> tuple[dict, dict]:
             if not got:
-                rc = proc.wait(240)
-                console.seek(0)
-                assert rc == 0, console.read()
+                wait()
                 run_dir = work / "runs" / "smoke" / "a1_anchored-s3"
                 got.append((final_weights(run_dir), tb_scalars(run_dir)))
             return got[0]
 
-        try:
-            yield result
-        finally:
-            proc.kill()  # a no-op once it has ended
-            proc.wait()
+        yield result
 
 
 def _assert_bitwise(a: dict, b: dict) -> None:
