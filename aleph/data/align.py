@@ -162,9 +162,9 @@ OUTLIER = 1e6  # a target row's norm over the sample's median: another scale, re
 
 def check_finite(paths: Sequence[str], idx: np.ndarray, rows: torch.Tensor) -> None:
     """DataError naming the chunk file and row of the first of `rows` (the target rows at
-    sorted indices `idx` of `paths`) that holds a NaN or Inf, is all zeros, or whose norm is
-    over OUTLIER times the sample's median: no pairing can be scored around it (one 3e38 row
-    made every score tie, a confident MISALIGNED for aligned targets)."""
+    sorted indices `idx` of `paths`) that holds a NaN or Inf, or whose norm is over OUTLIER
+    times the sample's median: no pairing can be scored around it (one 3e38 row made every
+    score tie, a confident MISALIGNED for aligned targets)."""
     from aleph.targets.sources import describe_sources
 
     r = rows.double()  # (n, d)
@@ -172,9 +172,9 @@ def check_finite(paths: Sequence[str], idx: np.ndarray, rows: torch.Tensor) -> N
     finite = torch.isfinite(r).all(1)
     median = float(norms[finite].median()) if bool(finite.any()) else 0.0
     checks = ((~finite, "holds NaN or Inf values; expected finite vectors"),
-              (norms == 0, "is all zeros; expected an embedding"),
-              (norms > OUTLIER * median, f"has norm {{norm:.3g}}, over {OUTLIER:,.0f} times the "
-               f"sampled rows' median {median:.3g}; expected vectors of one scale"))
+              ((norms > OUTLIER * median) & (median > 0), f"has norm {{norm:.3g}}, over "
+               f"{OUTLIER:,.0f} times the sampled rows' median {median:.3g}; expected vectors "
+               "of one scale"))
     for bad, what in checks:
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
