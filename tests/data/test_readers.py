@@ -163,6 +163,7 @@ print("peak_mib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
 """
 
 
+@pytest.mark.slow  # a subprocess decoding up to GBs: tier 1, not the in-image suite
 @pytest.mark.parametrize("value_bytes,rows,mib", [(readers.MAX_LINE_BYTES + 1, 256, 1280),
                                                   (1 << 20, 1024, 320)])
 def test_a_parquet_dictionary_bomb_is_read_in_bounded_memory(tmp_path, value_bytes, rows, mib):
@@ -212,6 +213,7 @@ def _bomb(tmp_path: Path, write: str, child: str, limit: int, size_max: int) -> 
     return path, r.stdout.splitlines()
 
 
+@pytest.mark.slow  # a subprocess decoding up to GBs: tier 1, not the in-image suite
 @pytest.mark.parametrize("kind", ["dictionary-no-schema", "plain-page"])
 def test_a_parquet_page_bomb_is_refused_before_it_is_decoded_many_times(tmp_path, kind):
     """Two bombs the dictionary check alone missed (review 3, F3): a 2 KB parquet whose
@@ -295,6 +297,7 @@ print("grew_mib", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10) - b
 """
 
 
+@pytest.mark.slow  # a subprocess decoding up to GBs: tier 1, not the in-image suite
 @pytest.mark.parametrize("kind", ["six-columns", "list-column"])
 def test_a_read_is_bounded_across_columns_and_a_nested_column_is_refused(tmp_path, kind):
     """Review 3: six dictionary columns of one 15 MiB value in 32 rows (8 KB on disk) were

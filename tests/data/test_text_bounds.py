@@ -197,6 +197,7 @@ print(len(sizes), sum(sizes), max(sizes), (resource.getrusage(resource.RUSAGE_SE
 """
 
 
+@pytest.mark.slow  # 512 MiB decoded in a subprocess: tier 1, not the in-image suite
 @pytest.mark.parametrize("name", ["long.txt.gz", "long.jsonl.gz"])
 def test_many_long_lines_are_read_in_batches_bounded_in_bytes(tmp_path, name):
     """A 1 MB gzip of 512 lines of 1 MiB each (every line within the 16 MiB bound) decodes to
